@@ -1,0 +1,17 @@
+"""VIA-SD: three-tier speculative decoding (drafter -> slim verifier -> full verifier).
+
+    from via_sd import load_pair, generate, DecodeConfig, Thresholds, Trace
+    pair = load_pair("embedded")
+    trace = generate(pair, "prompt", method="via", config=DecodeConfig(gamma=5))
+
+The engine imports neither gradio nor plotly.
+"""
+
+from .decoding import METHODS, DecodeConfig, generate, stream
+from .models import PRESETS, ModelLoadError, ModelPair, load_pair, tiny_random_pair
+from .routing import Route, SlimVerifier
+from .tiers import Thresholds, tier_of
+from .trace import Trace
+
+__all__ = ["DecodeConfig", "METHODS", "ModelLoadError", "ModelPair", "PRESETS", "Route", "SlimVerifier",
+           "Thresholds", "Trace", "generate", "load_pair", "stream", "tier_of", "tiny_random_pair"]

@@ -1,0 +1,108 @@
+"""The tier rule and the acceptance / residual-sampling rules, as pure functions.
+
+A change to how VIA-SD sorts draft tokens touches `tier_of` and nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DRAFT, SLIM, FULL = "draft", "slim", "full"
+TIERS = (DRAFT, SLIM, FULL)
+SIGNALS = ("slim", "draft")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """VIA-SD's two confidence thresholds, `0 <= escalate <= accept <= 1`.
+
+    `signal` says whose confidence sorts a draft token into a tier:
+    "slim"  -> r = q'(x) / max_v q'(v), the slim verifier's relative confidence;
+    "draft" -> r = p(x), the drafter's own probability (tier A then needs no verifier).
+    """
+
+    accept: float = 0.5
+    escalate: float = 0.1
+    signal: str = "slim"
+
+    def __post_init__(self):
+        if self.signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
+        for name in ("accept", "escalate"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"threshold {name}={value!r} must lie in [0, 1]")
+        if self.escalate > self.accept:
+            raise ValueError(
+                f"thresholds out of order: escalate={self.escalate} is above accept={self.accept}; "
+                "need 0 <= escalate <= accept <= 1"
+            )
+
+    def to_dict(self) -> dict:
+        return {"accept": float(self.accept), "escalate": float(self.escalate), "signal": self.signal}
+
+
+def tier_of(confidence: float, thresholds: Thresholds) -> str:
+    """Tier A (`draft`) if r >= accept, tier B (`slim`) if escalate <= r < accept, else tier C (`full`)."""
+    if confidence >= thresholds.accept:
+        return DRAFT
+    if confidence >= thresholds.escalate:
+        return SLIM
+    return FULL
+
+
+def relative_confidence(probs: torch.Tensor, token: int) -> float:
+    """r = q(x) / max_v q(v): 1.0 when x is the model's top choice."""
+    return float(probs[token] / probs.max())
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """Next-token distribution in fp32. Greedy decoding (temperature 0) reports the plain softmax."""
+    logits = logits.float()
+    if temperature > 0:
+        logits = logits / temperature
+    probs = torch.softmax(logits, dim=-1)
+    if temperature > 0 and top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+        outside = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest prefix reaching top_p
+        sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def pick(probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> int:
+    """The next token: argmax when greedy, else a sample (no host sync beyond the returned int)."""
+    if greedy:
+        return int(probs.argmax())
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def verify_draft(
+    token: int,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None,
+) -> tuple[bool, int]:
+    """One speculative-decoding check of draft `token` (drafted from `p`) against verifier `q`.
+
+    Greedy: keep x iff x = argmax q, else emit argmax q.
+    Sampling (Leviathan et al.): keep x with probability min(1, q(x)/p(x)), else emit a sample of
+    norm(max(0, q - p)); the output then follows q exactly.
+    Returns (kept, emitted token).
+    """
+    if greedy:
+        best = int(q.argmax())
+        return best == token, best
+    px, qx = float(p[token]), float(q[token])
+    u = float(torch.rand((), generator=generator, device=generator.device if generator else "cpu"))
+    if px > 0 and u < min(1.0, qx / px):
+        return True, token
+    residual = torch.clamp(q - p, min=0.0)
+    total = residual.sum()
+    if float(total) <= 0:  # q == p everywhere: the draft would have been kept
+        return True, token
+    return False, int(torch.multinomial(residual / total, 1, generator=generator))

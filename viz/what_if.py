@@ -1,0 +1,314 @@
+"""What if the thresholds had been different? Re-tier a recorded VIA-SD trace -- an ESTIMATE.
+
+`what_if(trace, thresholds)` replays every recorded round over its recorded draft candidates with
+other thresholds and estimates tier counts, verifier calls and time from the recorded per-phase
+costs. Nothing is re-run, so the result is always labelled an estimate (`"estimate": True`,
+`"label"`). With the trace's own thresholds it reproduces the recorded tier counts, full/slim
+calls and rejection rate exactly.
+
+How a round is replayed
+-----------------------
+1. Tiers. Each candidate's confidence r is compared with the new thresholds (the tier rule of
+   `via_sd.tiers.tier_of`); once a candidate falls into tier C, the full model checks it and every
+   later draft of the round (they are tier C too).
+   r comes from the recording: with the same signal, the recorded `confidence`; switching to
+   signal "draft", r = `p_draft` (exact); switching a draft-signal trace to signal "slim", r =
+   q'(x)/max q' is unknown, so `q_slim` (a lower bound of r) stands in where the slim verifier
+   scored the token and r counts as 0 (tier C) where it did not ("approximate_confidences").
+2. Decisions, walking the round in order until a replacement ends it:
+   tier A -> accepted. Tier B / C -> the slim / full verifier's decision, taken from the best
+   evidence the recording holds, in this order:
+     a. that verifier decided this candidate in the recording          -> its decision (exact);
+     b. greedy decoding and that verifier's probability of the token is > 0.5 (so it is its top
+        choice), or, for the slim verifier with signal "slim", r = 1 (top) or r < 1 (not top)
+                                                                        -> kept / replaced (exact);
+     c. the *other* verifier decided it in the recording               -> borrow that decision;
+     d. sampling, and the verifier scored the token                    -> kept iff min(1, q/p) >= 0.5;
+     e. nothing is known (tier-A tokens no verifier judged, discarded drafts nobody looked at)
+                                                                        -> assumed kept (optimistic).
+   c-e are guesses and are counted in "guessed_decisions".
+   While every decision of a round matches the recording, the round also stops where the
+   recording stopped (a recorded "discarded" candidate: replacement, end of text or token budget).
+3. Emitted tokens: one per reached candidate with its tier, plus a bonus token when every draft
+   was kept (tier "full" if the full model ran in the round, else "slim"). A round whose replay
+   matches the recording contributes its recorded tokens unchanged.
+4. Rounds are replayed independently over the *recorded* drafts: in a real run, a round that ends
+   differently changes the context (and the drafts) of every later round. The estimate ignores
+   that; it answers "with these thresholds, how would these drafts have been handled?".
+5. Time (cost model): drafter `draft_ms / candidate` (mean over the trace) per drafted candidate,
+   + mean `slim_ms` of the rounds that called the slim verifier, per slim call,
+   + mean `full_ms` of the rounds that called the full model, per full call,
+   + mean `other_ms` per round. With the own thresholds this sums to the recorded phase times.
+   The estimated tokens/s scales the measured tokens/s by the model's speed-up over the recording.
+   The full model's cost per call ignores how many tokens it catches up on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import palette as P
+from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
+from .tokens import token_label
+
+ESTIMATE_LABEL = "estimate: recorded drafts re-tiered under new thresholds (not re-run)"
+TIERS = ("draft", "slim", "full")
+
+
+def tier_of(r: float, th: dict) -> str:
+    """Same rule as `via_sd.tiers.tier_of` (kept here so viz needs no torch)."""
+    if r >= th["accept"]:
+        return "draft"
+    if r >= th["escalate"]:
+        return "slim"
+    return "full"
+
+
+def _confidence(c: dict, new_signal: str, rec_signal: str) -> tuple[float, bool]:
+    """(r under the new signal, exact?)."""
+    if new_signal == "draft" and is_number(c.get("p_draft")):
+        return float(c["p_draft"]), True
+    if new_signal == rec_signal and is_number(c.get("confidence")):
+        return float(c["confidence"]), True
+    if new_signal == "slim" and is_number(c.get("q_slim")):
+        return float(c["q_slim"]), False  # q'(x) <= q'(x) / max q'
+    return 0.0, False
+
+
+def _decide(c: dict, tier: str, greedy: bool, rec_signal: str) -> tuple[str, bool]:
+    """(decision, guessed?) for candidate `c` handled in `tier` (steps a-e of the module doc)."""
+    if tier == "draft":
+        return "accepted", False
+    verified = c.get("decision") in ("kept", "replaced")
+    if verified and c.get("tier") == tier:  # a. the same verifier decided it
+        return c["decision"], False
+    q = c.get("q_slim" if tier == "slim" else "q_full")
+    if greedy:  # b. certain top-choice evidence
+        if is_number(q) and q > 0.5:
+            return "kept", False
+        if tier == "slim" and rec_signal == "slim" and is_number(c.get("confidence")):
+            return ("kept" if c["confidence"] >= 1.0 - 1e-9 else "replaced"), False
+    if verified:  # c. borrow the other verifier's decision
+        return c["decision"], True
+    p = c.get("p_draft")
+    if not greedy and is_number(q) and is_number(p) and p > 0:  # d. acceptance probability
+        return ("kept" if min(1.0, q / p) >= 0.5 else "replaced"), True
+    return "kept", True  # e. optimistic
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _skip_fraction(models: dict) -> float | None:
+    """Skip fraction of the slim route if the trace's `models` block names one."""
+    stack = [models]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if "fraction" in str(key) and is_number(value) and 0 < value < 1:
+                    return float(value)
+                stack.append(value)
+    return None
+
+
+def phase_costs(trace: Any) -> dict:
+    """Mean recorded cost of each phase: drafter per candidate, slim / full per call, other per round."""
+    trace = as_trace(trace)
+    rounds = trace.rounds
+    n_cands = sum(len(r.get("candidates", [])) for r in rounds)
+    slim_rounds = [r for r in rounds if r.get("slim_called", (r.get("slim_ms") or 0) > 0)]
+    full_rounds = [r for r in rounds if r.get("full_called")]
+    costs = {
+        "draft_ms_per_candidate": (sum(r.get("draft_ms") or 0.0 for r in rounds) / n_cands) if n_cands else 0.0,
+        "slim_ms_per_call": _mean([float(r.get("slim_ms") or 0.0) for r in slim_rounds]),
+        "full_ms_per_call": _mean([float(r.get("full_ms") or 0.0) for r in full_rounds]),
+        "other_ms_per_round": _mean([float(r.get("other_ms") or 0.0) for r in rounds]) or 0.0,
+    }
+    return costs
+
+
+def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
+    """Estimate what a VIA-SD trace would have looked like under other `thresholds`.
+
+    `thresholds`: a `via_sd.tiers.Thresholds` or a dict {accept, escalate, signal}; a missing
+    signal means the trace's own. `costs` optionally overrides `phase_costs(trace)` entries.
+
+    Returns a dict (all counts over the recorded rounds):
+      estimate (True), label, thresholds, recorded_thresholds,
+      tier_counts {draft, slim, full} and label_counts of the emitted tokens, new_tokens, rounds,
+      mean_accepted_length, drafted, kept_drafts, rejection_rate, full_calls, full_calls_per_token,
+      slim_calls, model_ms (cost model), ms_per_token, tokens_per_s, speedup_vs_recorded,
+      recorded {same keys, from the recording}, changed_rounds, guessed_decisions,
+      approximate_confidences, costs, candidates [per candidate: round, pos, text, confidence,
+      tier, decision, guessed, recorded_tier, recorded_decision], notes [str].
+    See the module docstring for how rounds are replayed and what is guessed.
+    """
+    trace = as_trace(trace)
+    if trace.method != "via":
+        raise ValueError(f"what_if re-tiers a VIA-SD trace (method 'via'); this one is {trace.method!r}")
+    rec_th = trace_thresholds(trace)
+    if rec_th is None:
+        raise ValueError("this VIA-SD trace does not record its thresholds (config['thresholds'])")
+    new_th = dict(rec_th)
+    given = thresholds_dict(thresholds if not isinstance(thresholds, dict) or "signal" in thresholds
+                            else {**thresholds, "signal": rec_th["signal"]})
+    new_th.update(given)
+    greedy = is_greedy(trace)
+    rec_signal, new_signal = rec_th["signal"], new_th["signal"]
+
+    cost = phase_costs(trace)
+    cost.update(costs or {})
+    notes = []
+    if cost["full_ms_per_call"] is None:
+        frac = _skip_fraction(trace.models or {})
+        if frac is not None and cost["slim_ms_per_call"]:
+            cost["full_ms_per_call"] = cost["slim_ms_per_call"] / (1.0 - frac)
+            notes.append(f"no recorded full-model call: its cost is the slim cost / (1 - {frac:.2f} skipped)")
+        else:
+            cost["full_ms_per_call"] = None
+    if cost["slim_ms_per_call"] is None and cost["full_ms_per_call"] is not None:
+        frac = _skip_fraction(trace.models or {})
+        if frac is not None:
+            cost["slim_ms_per_call"] = cost["full_ms_per_call"] * (1.0 - frac)
+            notes.append(f"no recorded slim call: its cost is the full cost x (1 - {frac:.2f} skipped)")
+
+    tokens_by_round: dict = {}
+    for t in trace.tokens:
+        tokens_by_round.setdefault(t.get("round"), []).append(t)
+
+    tier_counts = {k: 0 for k in TIERS}
+    label_counts: dict[str, int] = {}
+    est = {"tokens": 0, "kept": 0, "full": 0, "slim": 0, "ms": 0.0}
+    rec = {"ms": 0.0}
+    missing_cost = {"slim": False, "full": False}
+    changed = guessed = approx = 0
+    out_cands = []
+
+    def round_ms(n_cands: int, slim_called: bool, full_called: bool) -> float:
+        ms = n_cands * cost["draft_ms_per_candidate"] + cost["other_ms_per_round"]
+        for phase, called in (("slim", slim_called), ("full", full_called)):
+            if called:
+                if cost[f"{phase}_ms_per_call"] is None:
+                    missing_cost[phase] = True
+                else:
+                    ms += cost[f"{phase}_ms_per_call"]
+        return ms
+
+    for rnd in trace.rounds:
+        cands = rnd.get("candidates", [])
+        escalated = False
+        ended = False
+        matches = True  # every decision so far equals the recording
+        reached: list[str] = []
+        rows = []
+        for c in cands:
+            r, exact = _confidence(c, new_signal, rec_signal)
+            approx += not exact
+            tier = "full" if escalated else tier_of(r, new_th)
+            escalated = escalated or tier == "full"
+            if ended or (matches and c.get("decision") == "discarded"):
+                ended = True
+                decision, was_guess = "discarded", False
+            else:
+                decision, was_guess = _decide(c, tier, greedy, rec_signal)
+                guessed += was_guess
+                reached.append(tier)
+                if decision == "replaced":
+                    ended = True
+            matches = matches and decision == c.get("decision") and (decision == "discarded" or tier == c.get("tier"))
+            rows.append(dict(round=rnd.get("round"), pos=c.get("pos"), text=c.get("text", ""), confidence=r,
+                             tier=tier, decision=decision, guessed=was_guess,
+                             recorded_tier=c.get("tier"), recorded_decision=c.get("decision")))
+        out_cands.extend(rows)
+        rec_slim = bool(rnd.get("slim_called", (rnd.get("slim_ms") or 0) > 0))
+        rec_full = bool(rnd.get("full_called"))
+        rec["ms"] += round_ms(len(cands), rec_slim, rec_full)
+        est["kept"] += sum(row["decision"] in KEPT_DECISIONS for row in rows)
+
+        if matches:
+            emitted = [(t.get("tier"), token_label(t, "via")) for t in tokens_by_round.get(rnd.get("round"), [])]
+            slim_called, full_called = rec_slim, rec_full
+        else:
+            changed += 1
+            full_called = "full" in reached
+            all_kept = not ended
+            slim_called = new_signal == "slim" or "slim" in reached or (all_kept and not full_called)
+            emitted = []
+            for row in rows:
+                if row["decision"] == "discarded":
+                    break
+                fake = {"tier": row["tier"], "outcome": "replaced" if row["decision"] == "replaced" else "kept"}
+                emitted.append((row["tier"], token_label(fake, "via")))
+            if all_kept:
+                emitted.append(("full" if full_called else "slim", P.BONUS))
+        for tier, label in emitted:
+            tier_counts[tier] = tier_counts.get(tier, 0) + 1
+            label_counts[label] = label_counts.get(label, 0) + 1
+        est["tokens"] += len(emitted)
+        est["full"] += full_called
+        est["slim"] += slim_called
+        est["ms"] += round_ms(len(cands), slim_called, full_called)
+
+    for phase, missing in missing_cost.items():
+        if missing:
+            notes.append(f"no recorded cost for the {phase} verifier: its calls are counted as 0 ms")
+    if guessed:
+        notes.append(f"{guessed} verifier decision(s) are not in the recording and were guessed")
+    if approx:
+        notes.append(f"{approx} confidence(s) are approximations (signal {new_signal!r} not recorded)")
+    if changed:
+        notes.append("rounds are replayed over the recorded drafts; a real run would draft differently "
+                     "after a round that ends differently")
+
+    summary = trace.summary or {}
+    rec_tokens = len(trace.tokens)
+    drafted = len(out_cands)
+    rec_kept = sum(c.get("decision") in KEPT_DECISIONS for c in trace.candidates())
+    rec_rate = rec_tokens / rec["ms"] if rec["ms"] > 0 else None
+    est_rate = est["tokens"] / est["ms"] if est["ms"] > 0 else None
+    speedup = est_rate / rec_rate if rec_rate and est_rate else None
+    measured_tps = summary.get("tokens_per_s")
+    n_rounds = len(trace.rounds)
+    recorded_counts = {k: 0 for k in TIERS}
+    for t in trace.tokens:
+        recorded_counts[t.get("tier")] = recorded_counts.get(t.get("tier"), 0) + 1
+    return {
+        "estimate": True,
+        "label": ESTIMATE_LABEL,
+        "thresholds": new_th,
+        "recorded_thresholds": rec_th,
+        "tier_counts": tier_counts,
+        "label_counts": label_counts,
+        "new_tokens": est["tokens"],
+        "rounds": n_rounds,
+        "mean_accepted_length": est["tokens"] / n_rounds if n_rounds else 0.0,
+        "drafted": drafted,
+        "kept_drafts": est["kept"],
+        "rejection_rate": 1.0 - est["kept"] / drafted if drafted else 0.0,
+        "full_calls": est["full"],
+        "full_calls_per_token": est["full"] / est["tokens"] if est["tokens"] else 0.0,
+        "slim_calls": est["slim"],
+        "model_ms": est["ms"],
+        "ms_per_token": est["ms"] / est["tokens"] if est["tokens"] else None,
+        "tokens_per_s": measured_tps * speedup if is_number(measured_tps) and speedup else None,
+        "speedup_vs_recorded": speedup,
+        "recorded": {
+            "tier_counts": recorded_counts,
+            "new_tokens": rec_tokens,
+            "kept_drafts": rec_kept,
+            "rejection_rate": 1.0 - rec_kept / drafted if drafted else 0.0,
+            "full_calls": sum(bool(r.get("full_called")) for r in trace.rounds),
+            "slim_calls": sum(bool(r.get("slim_called", (r.get("slim_ms") or 0) > 0)) for r in trace.rounds),
+            "model_ms": rec["ms"],
+            "ms_per_token": rec["ms"] / rec_tokens if rec_tokens else None,
+            "tokens_per_s": measured_tps,
+        },
+        "changed_rounds": changed,
+        "guessed_decisions": guessed,
+        "approximate_confidences": approx,
+        "costs": cost,
+        "candidates": out_cands,
+        "notes": notes,
+    }
