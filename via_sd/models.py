@@ -240,5 +240,5 @@ def _suppress_token(model, token_id: int) -> None:
     """Adds -inf to one output logit, so that token is never chosen."""
     bias = torch.zeros(model.config.vocab_size)
     bias[token_id] = float("-inf")
-    model.lm_head.register_buffer("suppress", bias)
+    model.lm_head.register_buffer("suppress", bias, persistent=False)
     model.lm_head.register_forward_hook(lambda mod, _inp, out: out + mod.suppress)

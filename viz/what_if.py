@@ -198,16 +198,17 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
 
     for rnd in trace.rounds:
         cands = rnd.get("candidates", [])
-        escalated = False
         ended = False
         matches = True  # every decision so far equals the recording
         reached: list[str] = []
         rows = []
-        for c in cands:
-            r, exact = _confidence(c, new_signal, rec_signal)
-            approx += not exact
-            tier = "full" if escalated else tier_of(r, new_th)
-            escalated = escalated or tier == "full"
+        scored = [_confidence(c, new_signal, rec_signal) for c in cands]
+        approx += sum(not exact for _, exact in scored)
+        r_tiers = [tier_of(r, new_th) for r, _ in scored]
+        first_full = r_tiers.index("full") if "full" in r_tiers else len(cands)
+        for k, c in enumerate(cands):
+            r = scored[k][0]
+            tier = "full" if k >= first_full else r_tiers[k]
             if ended or (matches and c.get("decision") == "discarded"):
                 ended = True
                 decision, was_guess = "discarded", False
@@ -234,14 +235,16 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
             changed += 1
             full_called = "full" in reached
             all_kept = not ended
-            slim_called = new_signal == "slim" or "slim" in reached or (all_kept and not full_called)
+            # signal "slim" scores every round; signal "draft" runs the slim pass only for a tier-B
+            # draft before the first tier-C one
+            slim_called = bool(cands) and (new_signal == "slim" or "slim" in r_tiers[:first_full])
             emitted = []
             for row in rows:
                 if row["decision"] == "discarded":
                     break
                 fake = {"tier": row["tier"], "outcome": "replaced" if row["decision"] == "replaced" else "kept"}
                 emitted.append((row["tier"], token_label(fake, "via")))
-            if all_kept:
+            if all_kept and (full_called or slim_called):  # no verifier ran -> no bonus token
                 emitted.append(("full" if full_called else "slim", P.BONUS))
         for tier, label in emitted:
             tier_counts[tier] = tier_counts.get(tier, 0) + 1

@@ -1,0 +1,522 @@
+"""Plotly figures of VIA-SD traces and benchmarks.
+
+Every figure takes `theme="light" | "dark"` (plotly_white / plotly_dark) and uses the one
+palette of `viz.palette`, so a tier has the same color here as in the colored tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from . import palette as P
+from ._trace import KEPT_DECISIONS, as_trace, as_traces, fmt_prob, is_number, thresholds_dict, trace_thresholds
+from .tokens import candidate_label, token_label, visible_text
+from .what_if import ESTIMATE_LABEL, what_if
+
+CANDIDATE_ORDER = [P.ACCEPTED_DRAFT, P.SLIM_KEPT, P.SLIM_REGENERATED, P.FULL_KEPT, P.FULL_CORRECTED, P.DISCARDED]
+TOKEN_ORDER = [P.ACCEPTED_DRAFT, P.SLIM_KEPT, P.SLIM_REGENERATED, P.FULL_KEPT, P.FULL_CORRECTED, P.BONUS,
+               P.AUTOREGRESSIVE]
+MARKERS = {P.SLIM_REGENERATED: "x", P.FULL_CORRECTED: "x", P.DISCARDED: "circle-open"}
+SIGNAL_TEXT = {"slim": "r = q′(x) / max q′ (slim verifier)", "draft": "r = p(x) (drafter)"}
+
+
+# ---- shared layout -------------------------------------------------------------------------------
+
+def _title(text: str, subtitle: str | None = None) -> dict:
+    sub = f"<br><span style='font-size:15px'>{subtitle}</span>" if subtitle else ""
+    return dict(text=f"{text}{sub}", x=0.01, xanchor="left", y=0.97, yanchor="top", font=dict(size=22))
+
+
+def _style(fig: go.Figure, theme: str, title: str, subtitle: str | None = None, height: int = 540,
+           legend: dict | None = None, top: int = 110) -> go.Figure:
+    fig.update_layout(
+        template=P.template_for(theme),
+        title=_title(title, subtitle),
+        font=dict(size=P.FONT_SIZE),
+        height=height,
+        margin=dict(l=90, r=40, t=top, b=80),
+        hoverlabel=dict(font_size=15),
+        legend=legend or dict(font=dict(size=15), title_font=dict(size=15)),
+    )
+    fig.update_xaxes(title_font=dict(size=18), tickfont=dict(size=15), automargin=True)
+    fig.update_yaxes(title_font=dict(size=18), tickfont=dict(size=15), automargin=True)
+    return fig
+
+
+def _note(fig: go.Figure, text: str, theme: str, y: float = -0.16) -> None:
+    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=y, xanchor="left", yanchor="top",
+                       showarrow=False, font=dict(size=14, color=P.neutral_color(theme)), align="left")
+
+
+def _empty(title: str, message: str, theme: str) -> go.Figure:
+    fig = _style(go.Figure(), theme, title, height=360)
+    fig.add_annotation(text=message, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
+                       font=dict(size=18, color=P.neutral_color(theme)))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return fig
+
+
+def trace_names(traces: list) -> list[str]:
+    """Display names: the method's name, plus signal and thresholds where two traces would share one."""
+    base = [P.method_name(t.method) for t in traces]
+    names = []
+    for t, name in zip(traces, base):
+        th = trace_thresholds(t)
+        if base.count(name) > 1 and th:
+            name = f"{name} ({th['signal']}, {th['accept']:.2f}/{th['escalate']:.2f})"
+        names.append(name)
+    return names
+
+
+# ---- confidence vs thresholds --------------------------------------------------------------------
+
+def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") -> go.Figure:
+    """Every drafted candidate (discarded ones too) in drafting order against the thresholds.
+
+    x: draft number across the whole run (1, 2, ...); y: the confidence r that sorted it into a
+    tier, with the accept / escalate thresholds as lines and the three tier bands shaded; color and
+    symbol: what happened to it (one legend entry per label). Plain SD traces have no thresholds:
+    y is the drafter's probability p(x) and color the full model's decision.
+    `thresholds` (VIA-SD only): re-tier the recorded drafts under other thresholds with
+    `viz.what_if`; the figure then says it shows an estimate.
+    """
+    trace = as_trace(trace)
+    name = P.method_name(trace.method)
+    if trace.method == "ar":
+        return _empty(f"Draft confidence — {name}",
+                      "Autoregressive decoding drafts nothing: every token comes from the full model.", theme)
+    cands = trace.candidates()
+    th = trace_thresholds(trace)
+    estimate = None
+    if thresholds is not None and th is not None:
+        new = thresholds_dict(thresholds if not isinstance(thresholds, dict) or "signal" in thresholds
+                              else {**thresholds, "signal": th["signal"]})
+        if new != th:
+            estimate = what_if(trace, new)
+            th = estimate["thresholds"]
+            cands = [dict(c, **{k: e[k] for k in ("tier", "decision", "confidence")})
+                     for c, e in zip(cands, estimate["candidates"])]
+
+    if th is not None:
+        ylabel = f"confidence {SIGNAL_TEXT.get(th['signal'], 'r')}"
+        get_y = (lambda c: c.get("confidence"))
+        title = f"Draft confidence vs thresholds — {name}"
+        subtitle = (f"signal: {th['signal']} · accept ≥ {th['accept']:.2f} → tier A · escalate < "
+                    f"{th['escalate']:.2f} → tier C · gamma = {trace.config.get('gamma', '?')}")
+    else:
+        ylabel = "drafter probability p(x)"
+        get_y = (lambda c: c.get("p_draft"))
+        title = f"Draft probabilities — {name}"
+        subtitle = "plain SD has no thresholds: the full model checks every draft; y is the drafter's p(x)"
+    if estimate is not None:
+        title = f"What if: {title} (ESTIMATE)"
+        subtitle = f"{ESTIMATE_LABEL} · " + subtitle
+
+    fig = go.Figure()
+    if th is not None:
+        op = P.band_opacity(theme)
+        for tier, y0, y1 in (("draft", th["accept"], 1.0), ("slim", th["escalate"], th["accept"]),
+                             ("full", 0.0, th["escalate"])):
+            if y1 > y0:
+                fig.add_hrect(y0=y0, y1=y1, fillcolor=P.COLOR_BY_TIER[tier], opacity=op, line_width=0, layer="below")
+                fig.add_annotation(text=P.TIER_NAMES[tier], xref="paper", yref="y", x=0.995, y=(y0 + y1) / 2,
+                                   xanchor="right", yanchor="middle", showarrow=False,
+                                   font=dict(size=14, color=P.neutral_color(theme)), opacity=0.85)
+        for key in ("accept", "escalate"):
+            fig.add_hline(y=th[key], line=dict(color=P.neutral_color(theme), width=2, dash="dash"),
+                          annotation=dict(text=f"{key} = {th[key]:.2f}", xanchor="left", x=0.005,
+                                          font=dict(size=15, color=P.neutral_color(theme))),
+                          annotation_position="top left", name=f"{key} threshold")
+
+    xs = {id(c): n for n, c in enumerate(cands, start=1)}
+    # faint lines join the drafts of one round
+    lx, ly = [], []
+    for c in cands:
+        y = get_y(c)
+        if is_number(y):
+            if lx and c.get("pos") == 0:
+                lx.append(None)
+                ly.append(None)
+            lx.append(xs[id(c)])
+            ly.append(y)
+    fig.add_trace(go.Scatter(x=lx, y=ly, mode="lines", line=dict(color=P.OKABE_ITO["grey"], width=1),
+                             opacity=0.45, hoverinfo="skip", showlegend=False, name="round"))
+    missing = 0
+    by_label: dict[str, list] = {lab: [] for lab in CANDIDATE_ORDER}
+    for c in cands:
+        if not is_number(get_y(c)):
+            missing += 1
+            continue
+        by_label.setdefault(candidate_label(c), []).append(c)
+    for label, group in by_label.items():
+        if not group:
+            continue
+        fig.add_trace(go.Scatter(
+            x=[xs[id(c)] for c in group], y=[get_y(c) for c in group], mode="markers", name=label,
+            marker=dict(color=P.CANDIDATE_COLORS[label], size=12 if label != P.DISCARDED else 10,
+                        symbol=MARKERS.get(label, "circle"),
+                        line=dict(width=2.5 if label in MARKERS else 0.8,
+                                  color=P.CANDIDATE_COLORS[label] if label in MARKERS else P.neutral_color(theme))),
+            customdata=[[visible_text(c.get("text", "")).replace("\n", ""), c.get("round"), c.get("pos", 0) + 1,
+                         fmt_prob(c.get("p_draft")), fmt_prob(c.get("q_slim")), fmt_prob(c.get("q_full")),
+                         fmt_prob(c.get("confidence")), c.get("tier"), c.get("decision")] for c in group],
+            hovertemplate=("<b>%{customdata[0]}</b><br>round %{customdata[1]}, draft %{customdata[2]}"
+                           "<br>tier %{customdata[7]}: %{customdata[8]}<br>p_draft %{customdata[3]} · q_slim "
+                           "%{customdata[4]} · q_full %{customdata[5]}<br>confidence r %{customdata[6]}"
+                           f"<extra>{label}</extra>"),
+        ))
+    _style(fig, theme, title, subtitle, height=560, legend=dict(title_text="draft token", font=dict(size=15)))
+    fig.update_yaxes(title_text=ylabel, range=[-0.03, 1.05], dtick=0.2)
+    fig.update_xaxes(title_text="draft number, in drafting order (lines join the drafts of one round)",
+                     rangemode="tozero")
+    notes = []
+    if missing:
+        notes.append(f"{missing} draft(s) without a recorded {'confidence' if th else 'p(x)'} are not shown")
+    if estimate is not None:
+        notes.append(f"{estimate['guessed_decisions']} decision(s) guessed; {estimate['changed_rounds']} of "
+                     f"{estimate['rounds']} rounds end differently than recorded")
+    if notes:
+        _note(fig, " · ".join(notes), theme, y=-0.2)
+    return fig
+
+
+# ---- latency timeline ----------------------------------------------------------------------------
+
+def latency_figure(traces: Any, theme: str = "light") -> go.Figure:
+    """Per-round timeline: one row per trace (e.g. VIA-SD above SD above AR) on a shared time axis in ms.
+
+    Each round is drawn as consecutive segments: drafter, slim verifier, full model, other
+    (bookkeeping), starting at the round's `start_ms`; the prompt's prefill is the first segment.
+    Two-tier SD pays the full model every round; VIA-SD only in the rounds that escalate.
+    """
+    traces = as_traces(traces)
+    if not traces:
+        return _empty("Latency per round", "no traces", theme)
+    names = trace_names(traces)
+    sep = "#111111" if theme == "dark" else "#FFFFFF"
+    bars = {k: {"x": [], "y": [], "base": [], "custom": []} for k in ("prefill", "draft", "slim", "full", "other")}
+    ends = []
+    for trace, name in zip(traces, names):
+        prefill = float((trace.summary or {}).get("prefill_ms") or 0.0)
+        if prefill > 0:
+            b = bars["prefill"]
+            b["x"].append(prefill), b["y"].append(name), b["base"].append(0.0), b["custom"].append(["prompt", 0, ""])
+        end = prefill
+        for rnd in trace.rounds:
+            t = float(rnd.get("start_ms") or 0.0)
+            emitted = sum(1 for tok in trace.tokens if tok.get("round") == rnd.get("round"))
+            for phase in ("draft", "slim", "full", "other"):
+                ms = float(rnd.get(f"{phase}_ms") or 0.0)
+                if ms <= 0:
+                    continue
+                b = bars[phase]
+                b["x"].append(ms), b["y"].append(name), b["base"].append(t)
+                b["custom"].append([rnd.get("round"), emitted, f"{t:.1f}"])
+                t += ms
+            end = max(end, t)
+        ends.append((name, end, len(trace.tokens)))
+    fig = go.Figure()
+    phase_names = {"prefill": "prefill (prompt)", **P.PHASE_NAMES}
+    for phase, b in bars.items():
+        if not b["x"]:
+            continue
+        color = P.OKABE_ITO["grey"] if phase == "prefill" else P.PHASE_COLORS[phase]
+        fig.add_trace(go.Bar(
+            x=b["x"], y=b["y"], base=b["base"], orientation="h", name=phase_names[phase],
+            marker=dict(color=color, line=dict(color=sep, width=0.6),
+                        pattern=dict(shape="/", fgcolor=sep) if phase == "prefill" else None),
+            customdata=b["custom"],
+            hovertemplate=(f"<b>{phase_names[phase]}</b> %{{x:.1f}} ms<br>round %{{customdata[0]}} · "
+                           "starts at %{customdata[2]} ms<br>tokens emitted in this round: %{customdata[1]}"
+                           "<extra>%{y}</extra>") if phase != "prefill" else
+                          "<b>prefill</b> %{x:.1f} ms<extra>%{y}</extra>",
+        ))
+    longest = max(e for _, e, _ in ends) or 1.0
+    for name, end, n in ends:
+        fig.add_annotation(x=end, y=name, text=f" {n} tokens in {end:,.0f} ms", xanchor="left", showarrow=False,
+                           font=dict(size=15, color=P.neutral_color(theme)))
+    _style(fig, theme, "Where the time goes, round by round",
+           "drafter, slim verifier and full model time per round; the full model runs only in rounds that need it",
+           height=max(330, 150 + 95 * len(traces)),
+           legend=dict(orientation="h", yanchor="top", y=-0.3 if len(traces) < 3 else -0.22, x=0, font=dict(size=15)))
+    fig.update_layout(barmode="overlay", bargap=0.35)
+    fig.update_xaxes(title_text="time since the request (ms)", range=[0, longest * 1.2])
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(names)), title_text="")
+    return fig
+
+
+# ---- speed-up ------------------------------------------------------------------------------------
+
+def _bench_rows(results: Any) -> dict[str, dict]:
+    """method -> {"tokens_per_s": mean, "std": spread or None, "n": runs}."""
+    groups: dict[str, list[float]] = {}
+    explicit: dict[str, dict] = {}
+
+    def add_trace(method_key, t):
+        t = as_trace(t)
+        groups.setdefault(method_key or t.method, []).append(float(t.summary.get("tokens_per_s") or 0.0))
+
+    if isinstance(results, dict):
+        for method, value in results.items():
+            if hasattr(value, "rounds"):
+                add_trace(method, value)
+            elif isinstance(value, (list, tuple)):
+                for v in value:
+                    if hasattr(v, "rounds"):
+                        add_trace(method, v)
+                    else:
+                        groups.setdefault(method, []).append(float(v["tokens_per_s"] if isinstance(v, dict) else v))
+            elif isinstance(value, dict):
+                explicit[method] = value
+            else:
+                groups.setdefault(method, []).append(float(value))
+    else:
+        for item in results:
+            if isinstance(item, dict) and "method" in item and "tokens_per_s" in item:
+                groups.setdefault(item["method"], []).append(float(item["tokens_per_s"]))
+            else:
+                add_trace(None, item)
+    rows = {}
+    for method, values in groups.items():
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1)) if len(values) > 1 else None
+        rows[method] = {"tokens_per_s": mean, "std": std, "n": len(values)}
+    for method, value in explicit.items():
+        runs = value.get("tokens_per_s_runs") or value.get("runs")
+        if runs and all(is_number(v) for v in runs):
+            mean = sum(runs) / len(runs)
+            std = math.sqrt(sum((v - mean) ** 2 for v in runs) / (len(runs) - 1)) if len(runs) > 1 else None
+            rows[method] = {"tokens_per_s": float(value.get("tokens_per_s", mean)), "std": std, "n": len(runs)}
+        else:
+            rows[method] = {"tokens_per_s": float(value["tokens_per_s"]),
+                            "std": value.get("tokens_per_s_std", value.get("std")), "n": value.get("n")}
+    return rows
+
+
+def speedup_figure(results: Any, baseline: str | None = None, theme: str = "light") -> go.Figure:
+    """Tokens/s (left) and speed-up over a baseline (right) for AR, SD, VIA-SD, HF assisted.
+
+    `results` is any of
+      * a dict method -> {"tokens_per_s": float, optional "tokens_per_s_std" or "tokens_per_s_runs"},
+      * a dict method -> Trace or list of Traces (repeats; mean and spread are taken),
+      * a list of Traces of one run (grouped by `trace.method`),
+      * a list of dicts {"method": ..., "tokens_per_s": ...} (bench rows).
+    `baseline`: the method speed-ups are relative to; default "ar" if present, else "sd", else the
+    slowest method.
+    """
+    rows = _bench_rows(results)
+    if not rows:
+        return _empty("Speed", "no results", theme)
+    order = [m for m in ("ar", "sd", "via", "hf") if m in rows] + [m for m in rows if m not in ("ar", "sd", "via", "hf")]
+    if baseline is None:
+        baseline = "ar" if "ar" in rows else "sd" if "sd" in rows else min(rows, key=lambda m: rows[m]["tokens_per_s"])
+    if baseline not in rows:
+        raise ValueError(f"baseline {baseline!r} is not among the results ({', '.join(rows)})")
+    base = rows[baseline]["tokens_per_s"] or float("nan")
+    names = [P.method_name(m) for m in order]
+    colors = [P.METHOD_COLORS.get(m, P.OKABE_ITO["yellow"]) for m in order]
+    tps = [rows[m]["tokens_per_s"] for m in order]
+    std = [rows[m]["std"] or 0.0 for m in order]
+    speed = [v / base for v in tps]
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14,
+                        subplot_titles=("throughput (tokens/s)", f"speed-up over {P.method_name(baseline)} (×)"))
+    fig.add_trace(go.Bar(x=names, y=tps, marker_color=colors, showlegend=False, name="tokens/s",
+                         error_y=dict(type="data", array=std, visible=any(std), thickness=2),
+                         text=[f"{v:,.1f}" for v in tps], textposition="outside", cliponaxis=False,
+                         hovertemplate="%{x}: %{y:.2f} tokens/s<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Bar(x=names, y=speed, marker_color=colors, showlegend=False, name="speed-up",
+                         text=[f"{v:.2f}×" for v in speed], textposition="outside", cliponaxis=False,
+                         hovertemplate=f"%{{x}}: %{{y:.2f}}× {P.method_name(baseline)}<extra></extra>"), row=1, col=2)
+    fig.add_hline(y=1.0, line=dict(color=P.neutral_color(theme), dash="dash", width=1.5), row=1, col=2)
+    _style(fig, theme, "Decoding speed", "mean over runs; error bars: standard deviation across repeats" if any(std)
+           else "tokens per second of decoding (prefill excluded)", height=520)
+    for ann in fig.layout.annotations[:2]:  # the two subplot titles
+        ann.font.size = 18
+    fig.update_yaxes(title_text="tokens / s", row=1, col=1, rangemode="tozero")
+    fig.update_yaxes(title_text="speed-up (×)", row=1, col=2, rangemode="tozero")
+    top_t = max(t + s for t, s in zip(tps, std)) if tps else 1
+    fig.update_yaxes(range=[0, top_t * 1.18], row=1, col=1)
+    fig.update_yaxes(range=[0, max(speed + [1.0]) * 1.18], row=1, col=2)
+    fig.update_xaxes(title_text="method")
+    return fig
+
+
+# ---- tier mix ------------------------------------------------------------------------------------
+
+def tier_mix_figure(traces: Any, theme: str = "light") -> go.Figure:
+    """Share of emitted tokens per label (tier and outcome), one 100% bar per trace."""
+    traces = as_traces(traces)
+    if not traces:
+        return _empty("Who produced each token", "no traces", theme)
+    names = trace_names(traces)
+    counts = []
+    for trace in traces:
+        c: dict[str, int] = {}
+        for tok in trace.tokens:
+            lab = token_label(tok, trace.method)
+            c[lab] = c.get(lab, 0) + 1
+        counts.append(c)
+    fig = go.Figure()
+    for label in TOKEN_ORDER:
+        ns = [c.get(label, 0) for c in counts]
+        if not any(ns):
+            continue
+        totals = [max(len(t.tokens), 1) for t in traces]
+        share = [100.0 * n / tot for n, tot in zip(ns, totals)]
+        fig.add_trace(go.Bar(
+            x=share, y=names, orientation="h", name=label, marker_color=P.TIER_COLORS[label],
+            marker_line=dict(width=0.8, color="#111111" if theme == "dark" else "#FFFFFF"),
+            text=[f"{s:.0f}%" if s >= 6 else "" for s in share], textposition="inside", insidetextanchor="middle",
+            textfont=dict(color=P.text_color(P.TIER_COLORS[label]), size=16),
+            customdata=list(zip(ns, totals)),
+            hovertemplate=f"<b>{label}</b><br>%{{customdata[0]}} of %{{customdata[1]}} tokens (%{{x:.1f}}%)"
+                          "<extra>%{y}</extra>",
+        ))
+    _style(fig, theme, "Who produced each token", "share of emitted tokens by tier and outcome",
+           height=max(320, 170 + 80 * len(traces)),
+           legend=dict(orientation="h", yanchor="top", y=-0.32 if len(traces) < 3 else -0.22, x=0,
+                       font=dict(size=15), traceorder="normal"))
+    fig.update_layout(barmode="stack", bargap=0.3)
+    fig.update_xaxes(title_text="share of emitted tokens (%)", range=[0, 100], ticksuffix="%")
+    fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(names)))
+    return fig
+
+
+# ---- acceptance by draft position ----------------------------------------------------------------
+
+def acceptance_by_position(trace: Any) -> list[dict]:
+    """Per draft position (1-based): drafted, kept (accepted or kept by a verifier), share kept."""
+    trace = as_trace(trace)
+    stats: dict[int, list[int]] = {}
+    for c in trace.candidates():
+        pos = int(c.get("pos", 0)) + 1
+        s = stats.setdefault(pos, [0, 0])
+        s[0] += 1
+        s[1] += c.get("decision") in KEPT_DECISIONS
+    return [{"position": pos, "drafted": d, "kept": k, "share": k / d if d else 0.0}
+            for pos, (d, k) in sorted(stats.items())]
+
+
+def acceptance_by_position_figure(traces: Any, theme: str = "light") -> go.Figure:
+    """Per draft position 1..gamma, the share of drafted candidates that were kept, one line per trace.
+
+    A candidate counts as kept when tier A accepted it or a verifier kept it; discarded drafts
+    (after a replacement in their round) count as not kept, so the curve is the chance that a
+    round's draft survives up to that position.
+    """
+    traces = [t for t in as_traces(traces) if t.method != "ar"]
+    if not traces:
+        return _empty("Drafts kept by position", "no drafting traces (AR drafts nothing)", theme)
+    names = trace_names(traces)
+    fig = go.Figure()
+    symbols = ["circle", "diamond", "square", "triangle-up", "cross"]
+    gamma = 1
+    for n, (trace, name) in enumerate(zip(traces, names)):
+        rows = acceptance_by_position(trace)
+        gamma = max([gamma] + [r["position"] for r in rows])
+        fig.add_trace(go.Scatter(
+            x=[r["position"] for r in rows], y=[100 * r["share"] for r in rows], mode="lines+markers", name=name,
+            line=dict(color=P.METHOD_COLORS.get(trace.method, P.OKABE_ITO["orange"]), width=3,
+                      dash="solid" if n < 2 else "dot"),
+            marker=dict(size=12, symbol=symbols[n % len(symbols)]),
+            customdata=[[r["kept"], r["drafted"]] for r in rows],
+            hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} kept (%{y:.0f}%)"
+                          f"<extra>{name}</extra>",
+        ))
+    _style(fig, theme, "Drafts kept by position in the round",
+           "kept = accepted as drafted or kept by a verifier; drafts after a replacement count as not kept",
+           height=520)
+    fig.update_xaxes(title_text="draft position in the round", dtick=1, range=[0.7, gamma + 0.3])
+    fig.update_yaxes(title_text="drafts kept (%)", range=[0, 105], ticksuffix="%")
+    return fig
+
+
+# ---- speed-up vs fidelity frontier ---------------------------------------------------------------
+
+def _pareto(points: list[dict]) -> list[dict]:
+    """Points no other point beats on both fidelity and speed-up, by fidelity."""
+    best, out = -math.inf, []
+    for p in sorted(points, key=lambda p: (-p["fidelity"], -p["speedup"])):
+        if p["speedup"] > best:
+            out.append(p)
+            best = p["speedup"]
+    return sorted(out, key=lambda p: p["fidelity"])
+
+
+def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light",
+                    baseline: str = "AR") -> go.Figure:
+    """Speed-up (y) against fidelity (x) over a threshold sweep, one color and symbol per signal.
+
+    `sweep`: dicts {accept, escalate, signal, speedup, fidelity, ...}; fidelity in [0, 1] (share of
+    tokens the full model agrees with). Entries without thresholds but with a "method" or "label"
+    (e.g. plain SD at fidelity 1) are drawn as reference points. The dashed line per signal joins
+    its Pareto-best settings. `current`: the thresholds in use (Thresholds or dict, optionally with
+    its own speedup / fidelity), ringed.
+    """
+    points = [p for p in sweep if is_number(p.get("speedup")) and is_number(p.get("fidelity"))]
+    if not points:
+        return _empty("Speed-up vs fidelity", "no sweep results yet", theme)
+    fig = go.Figure()
+    symbols = {"slim": "circle", "draft": "diamond"}
+    tuned = [p for p in points if p.get("accept") is not None and p.get("escalate") is not None]
+    refs = [p for p in points if p not in tuned]
+    for signal in sorted({p.get("signal", "slim") for p in tuned}, key=lambda s: (s != "slim", s)):
+        group = [p for p in tuned if p.get("signal", "slim") == signal]
+        color = P.SIGNAL_COLORS.get(signal, P.OKABE_ITO["orange"])
+        front = _pareto(group)
+        if len(front) > 1:
+            fig.add_trace(go.Scatter(x=[p["fidelity"] for p in front], y=[p["speedup"] for p in front],
+                                     mode="lines", line=dict(color=color, width=2, dash="dash"),
+                                     name=f"best trade-offs ({signal})", hoverinfo="skip"))
+        fig.add_trace(go.Scatter(
+            x=[p["fidelity"] for p in group], y=[p["speedup"] for p in group], mode="markers",
+            name=f"signal: {signal}", marker=dict(color=color, size=13, symbol=symbols.get(signal, "square"),
+                                                  line=dict(width=1, color=P.neutral_color(theme))),
+            customdata=[[p["accept"], p["escalate"], p.get("tokens_per_s", float("nan"))] for p in group],
+            hovertemplate=("accept %{customdata[0]:.2f} · escalate %{customdata[1]:.2f}<br>speed-up %{y:.2f}×"
+                           " · fidelity %{x:.1%}<extra>signal: " + signal + "</extra>"),
+        ))
+    for p in refs:
+        label = str(p.get("label") or P.method_name(p.get("method", "reference")))
+        fig.add_trace(go.Scatter(x=[p["fidelity"]], y=[p["speedup"]], mode="markers+text", name=label,
+                                 text=[label], textposition="top center",
+                                 marker=dict(color=P.METHOD_COLORS.get(p.get("method"), P.OKABE_ITO["grey"]),
+                                             size=15, symbol="star"),
+                                 hovertemplate=f"{label}: %{{y:.2f}}× · fidelity %{{x:.1%}}<extra></extra>"))
+    if current is not None:
+        cur = current if isinstance(current, dict) else {}
+        th = thresholds_dict(current) if (cur.get("accept") is not None or not isinstance(current, dict)) else None
+        if is_number(cur.get("speedup")) and is_number(cur.get("fidelity")):
+            marks = [cur]
+        elif th:
+            marks = [p for p in tuned if abs(p["accept"] - th["accept"]) < 1e-6
+                     and abs(p["escalate"] - th["escalate"]) < 1e-6 and p.get("signal", "slim") == th["signal"]]
+        else:
+            marks = []
+        if marks:
+            fig.add_trace(go.Scatter(x=[m["fidelity"] for m in marks], y=[m["speedup"] for m in marks],
+                                     mode="markers", name="current thresholds",
+                                     marker=dict(size=26, symbol="circle-open", color=P.OKABE_ITO["vermillion"],
+                                                 line=dict(width=3.5)),
+                                     hovertemplate="current thresholds<extra></extra>"))
+        elif th:
+            _note(fig, f"current thresholds (accept {th['accept']:.2f}, escalate {th['escalate']:.2f}, "
+                       f"{th['signal']}) are not in the sweep", theme)
+    fig.add_hline(y=1.0, line=dict(color=P.neutral_color(theme), dash="dot", width=1.5),
+                  annotation=dict(text=f"as fast as {baseline}", font=dict(size=14, color=P.neutral_color(theme))),
+                  annotation_position="bottom right")
+    _style(fig, theme, "Speed-up vs fidelity over a threshold sweep",
+           "up = faster; right = closer to the full model (VIA-SD is lossy, plain SD is not)", height=560)
+    xs = [p["fidelity"] for p in points]
+    lo = min(xs)
+    pad = max(0.02, (max(xs) - lo) * 0.08)
+    fig.update_xaxes(title_text="fidelity: tokens the full model agrees with (%)", tickformat=".0%",
+                     range=[max(0.0, lo - pad), 1.0 + pad / 2])
+    fig.update_yaxes(title_text=f"speed-up over {baseline} (×)",
+                     range=[0, max([p["speedup"] for p in points] + [1.0]) * 1.15])
+    return fig
