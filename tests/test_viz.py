@@ -1,0 +1,405 @@
+"""viz: tier-colored tokens, Plotly figures and the what-if estimate, on real tiny-model traces.
+
+The ar / sd / via traces come from the engine on the `tiny_pair` fixture (tests/conftest.py);
+`hand_trace()` builds a small schema-exact VIA-SD trace by hand for the cases a random model will
+not produce on demand (HTML in a token, newlines, leading spaces).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import plotly.graph_objects as go
+import pytest
+
+import viz
+from via_sd.trace import Trace, summarize
+from viz import palette as P
+from viz.tokens import NBSP, plain_text
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCEPT, ESCALATE = 0.6, 0.2
+
+
+# ---- traces ----------------------------------------------------------------------------------------
+
+def _run(pair, method, signal="slim", temperature=0.0, accept=ACCEPT, escalate=ESCALATE):
+    from via_sd import DecodeConfig, Thresholds, generate
+
+    cfg = DecodeConfig(gamma=4, max_new_tokens=24, temperature=temperature, seed=0,
+                       thresholds=Thresholds(accept=accept, escalate=escalate, signal=signal))
+    return generate(pair, "hello world", method=method, config=cfg)
+
+
+@pytest.fixture(scope="module")
+def traces(request):
+    """Real traces: ar, sd, via (slim signal), via_draft (draft signal), via_sampled (temperature 0.8)."""
+    try:
+        pair = request.getfixturevalue("tiny_pair")
+    except pytest.FixtureLookupError:  # engine fixture missing: hand-built traces of the same shape
+        from viz.sample import sample_trace
+
+        return {"ar": sample_trace("ar"), "sd": sample_trace("sd"), "via": sample_trace("via"),
+                "via_draft": sample_trace("via", signal="draft", seed=1),
+                "via_sampled": sample_trace("via", seed=2)}
+    return {"ar": _run(pair, "ar"), "sd": _run(pair, "sd"), "via": _run(pair, "via"),
+            "via_draft": _run(pair, "via", signal="draft"),
+            "via_sampled": _run(pair, "via", temperature=0.8)}
+
+
+@pytest.fixture(scope="module")
+def routed_via(request):
+    """A VIA-SD trace whose slim verifier really differs from the full one (two sub-layers skipped)."""
+    try:
+        pair = request.getfixturevalue("tiny_routed_pair")
+    except pytest.FixtureLookupError:
+        from viz.sample import sample_trace
+
+        return sample_trace("via", seed=3)
+    return _run(pair, "via", accept=0.8, escalate=0.3)
+
+
+def _cand(pos, text, p, r, tier, decision, q_slim=None, q_full=None):
+    return {"pos": pos, "token": 100 + pos, "text": text, "p_draft": p, "q_slim": q_slim, "q_full": q_full,
+            "confidence": r, "tier": tier, "decision": decision}
+
+
+def _tok(text, rnd, tier, outcome, p=None, qs=None, qf=None, r=None):
+    return {"id": 7, "text": text, "round": rnd, "tier": tier, "outcome": outcome, "p_draft": p, "q_slim": qs,
+            "q_full": qf, "confidence": r}
+
+
+def hand_trace() -> Trace:
+    """Three rounds of VIA-SD (accept 0.6, escalate 0.2, signal slim, gamma 3), built by hand.
+
+    round 0: "<b>" tier A, " two" tier B kept, "\\n" tier B: the slim verifier regenerates " &x".
+    round 1: "  lead" tier A, "q" r < escalate: the full model corrects it into "\\n"; " z" discarded.
+    round 2: " a" tier A, " b" tier B kept, " c" tier C kept; bonus "end" from the full model.
+    """
+    rounds = [
+        {"round": 0, "start_ms": 5.0, "draft_ms": 6.0, "slim_ms": 4.0, "full_ms": 0.0, "other_ms": 0.5,
+         "full_called": False, "slim_called": True, "candidates": [
+             _cand(0, "<b>", 0.9, 1.0, "draft", "accepted", 0.8),
+             _cand(1, " two", 0.5, 1.0, "slim", "kept", 0.5),
+             _cand(2, "\n", 0.4, 0.3, "slim", "replaced", 0.2)]},
+        {"round": 1, "start_ms": 15.5, "draft_ms": 6.0, "slim_ms": 4.0, "full_ms": 9.0, "other_ms": 0.5,
+         "full_called": True, "slim_called": True, "candidates": [
+             _cand(0, "  lead", 0.8, 0.9, "draft", "accepted", 0.6),
+             _cand(1, "q", 0.3, 0.1, "full", "replaced", 0.05, 0.1),
+             _cand(2, " z", 0.3, 0.7, "draft", "discarded", 0.4)]},
+        {"round": 2, "start_ms": 35.0, "draft_ms": 6.0, "slim_ms": 4.0, "full_ms": 9.0, "other_ms": 0.5,
+         "full_called": True, "slim_called": True, "candidates": [
+             _cand(0, " a", 0.9, 1.0, "draft", "accepted", 0.9),
+             _cand(1, " b", 0.6, 1.0, "slim", "kept", 0.5),
+             _cand(2, " c", 0.2, 0.1, "full", "kept", 0.1, 0.7)]},
+    ]
+    tokens = [
+        _tok("<b>", 0, "draft", "kept", 0.9, 0.8, None, 1.0),
+        _tok(" two", 0, "slim", "kept", 0.5, 0.5, None, 1.0),
+        _tok(" &x", 0, "slim", "replaced", 0.1, 0.6, None, 0.3),
+        _tok("  lead", 1, "draft", "kept", 0.8, 0.6, None, 0.9),
+        _tok("\n", 1, "full", "replaced", 0.1, None, 0.8, 0.1),
+        _tok(" a", 2, "draft", "kept", 0.9, 0.9, None, 1.0),
+        _tok(" b", 2, "slim", "kept", 0.6, 0.5, None, 1.0),
+        _tok(" c", 2, "full", "kept", 0.2, 0.1, 0.7, 0.1),
+        _tok("end", 2, "full", "bonus", None, None, 0.9, None),
+    ]
+    for i, t in enumerate(tokens):
+        t["i"] = i
+    config = {"gamma": 3, "max_new_tokens": 9, "temperature": 0.0, "top_p": 1.0, "seed": 0,
+              "thresholds": {"accept": ACCEPT, "escalate": ESCALATE, "signal": "slim"}}
+    return Trace(method="via", prompt="p", text="".join(t["text"] for t in tokens), token_ids=[7] * len(tokens),
+                 config=config, tokens=tokens, rounds=rounds, summary=summarize(tokens, rounds, 5.0, 55.0))
+
+
+def _marker_traces(fig: go.Figure) -> list:
+    return [t for t in fig.data if t.type == "scatter" and "markers" in (t.mode or "")]
+
+
+def _hlines(fig: go.Figure) -> list[float]:
+    return sorted(s.y0 for s in fig.layout.shapes if s.type == "line" and s.y0 == s.y1)
+
+
+# ---- tokens ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["ar", "sd", "via", "via_draft"])
+def test_spans_concatenate_to_the_text_and_carry_known_labels(traces, method):
+    trace = traces[method]
+    raw = viz.token_spans(trace, visible_whitespace=False)
+    assert len(raw) == len(trace.tokens) == trace.summary["new_tokens"]
+    assert "".join(text for text, _ in raw) == trace.text
+    assert {label for _, label in raw} <= set(viz.LABELS_BY_METHOD[trace.method])
+    shown = viz.token_spans(trace)
+    assert [lab for _, lab in shown] == [lab for _, lab in raw]
+    assert "".join(plain_text(text) for text, _ in shown) == trace.text
+
+
+def test_labels_follow_tier_and_outcome(traces):
+    via = traces["via"]
+    labels = [lab for _, lab in viz.token_spans(via)]
+    tiers = via.summary["tier_counts"]
+    bonus = sum(t["outcome"] == "bonus" for t in via.tokens)
+    assert labels.count(P.BONUS) == bonus
+    non_bonus_draft = sum(t["tier"] == "draft" and t["outcome"] != "bonus" for t in via.tokens)
+    assert labels.count(P.ACCEPTED_DRAFT) == non_bonus_draft <= tiers["draft"]
+    assert labels.count(P.SLIM_REGENERATED) == sum(t["tier"] == "slim" and t["outcome"] == "replaced"
+                                                   for t in via.tokens)
+    assert {lab for _, lab in viz.token_spans(traces["ar"])} == {P.AUTOREGRESSIVE}
+
+
+def test_whitespace_stays_visible():
+    trace = hand_trace()
+    shown = dict(enumerate(text for text, _ in viz.token_spans(trace)))
+    assert shown[4] == "↵\n"  # the newline token
+    assert shown[3] == NBSP * 2 + "lead"  # leading spaces do not collapse
+    assert shown[1] == NBSP + "two"
+    assert viz.visible_text("") == "∅"
+
+
+def test_token_html_is_escaped_and_has_tooltips():
+    trace = hand_trace()
+    out = viz.token_html(trace)
+    assert "<b>" not in out and "&lt;b&gt;" in out
+    assert "&amp;x" in out and " &x" not in out
+    spans = re.findall(r'<span class="via-tok"[^>]*>', out)
+    assert len(spans) == len(trace.tokens)
+    title = html.unescape(re.search(r'title="([^"]*)"', spans[2]).group(1))
+    for field in ("slim verifier: regenerated", "tier B", "round 0", "p_draft 0.100", "q_slim 0.600",
+                  "q_full —", "confidence r 0.300"):
+        assert field in title
+    assert 'class="via-sd-legend"' in out and 'class="via-sd-legend"' not in viz.token_html(trace, legend=False)
+
+
+def test_token_text_color_has_contrast_on_every_label():
+    for label, color in P.CANDIDATE_COLORS.items():
+        assert P.contrast(color, P.text_color(color)) >= 4.5, label
+    out = viz.token_html(hand_trace())
+    for bg, fg in re.findall(r"background:(#[0-9A-F]{6}); color:(#[0-9A-F]{6})", out):
+        assert fg == P.text_color(bg)
+
+
+def test_each_label_has_one_color_in_tokens_and_plots(traces, routed_via):
+    for trace in (traces["via"], routed_via, hand_trace()):
+        out = viz.token_html(trace, legend=False)
+        for label, bg in re.findall(r'data-label="([^"]+)" style="background:(#[0-9A-F]{6})', out):
+            assert viz.TIER_COLORS[html.unescape(label)] == bg
+        fig = viz.confidence_figure(trace)
+        for t in _marker_traces(fig):
+            assert t.marker.color == viz.CANDIDATE_COLORS[t.name]
+        mix = viz.tier_mix_figure(trace)
+        for t in mix.data:
+            assert t.marker.color == viz.TIER_COLORS[t.name]
+    # the shaded tier bands use each tier's "kept" color
+    assert viz.COLOR_BY_TIER == {"draft": viz.TIER_COLORS["accepted draft"],
+                                 "slim": viz.TIER_COLORS["slim verifier: kept"],
+                                 "full": viz.TIER_COLORS["full model: kept"]}
+
+
+# ---- confidence figure ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["via", "via_draft", "via_sampled"])
+def test_confidence_figure_plots_every_candidate_and_the_thresholds(traces, method):
+    trace = traces[method]
+    fig = viz.confidence_figure(trace)
+    points = _marker_traces(fig)
+    cands = trace.candidates()
+    assert sum(len(t.x) for t in points) == len(cands) == trace.summary["drafted"]
+    assert _hlines(fig) == sorted([ESCALATE, ACCEPT])
+    bands = sorted((s.y0, s.y1) for s in fig.layout.shapes if s.type == "rect")
+    assert bands == [(0.0, ESCALATE), (ESCALATE, ACCEPT), (ACCEPT, 1.0)]
+    # every point sits at its candidate's recorded confidence, in its label's trace
+    by_label = {t.name: sorted(t.y) for t in points}
+    for label in by_label:
+        expected = sorted(c["confidence"] for c in cands if viz.candidate_label(c) == label)
+        assert by_label[label] == pytest.approx(expected)
+    discarded = sum(c["decision"] == "discarded" for c in cands)
+    assert len(next((t.x for t in points if t.name == P.DISCARDED), [])) == discarded
+    assert fig.layout.title.text and fig.layout.xaxis.title.text and "confidence" in fig.layout.yaxis.title.text
+    assert fig.layout.font.size >= 16
+
+
+def test_confidence_figure_for_sd_and_ar(traces):
+    sd = viz.confidence_figure(traces["sd"])
+    assert sum(len(t.x) for t in _marker_traces(sd)) == len(traces["sd"].candidates())
+    assert _hlines(sd) == []  # plain SD has no thresholds
+    assert sd.layout.yaxis.title.text == "drafter probability p(x)"
+    assert {t.name for t in _marker_traces(sd)} <= {P.FULL_KEPT, P.FULL_CORRECTED, P.DISCARDED}
+    ar = viz.confidence_figure(traces["ar"])
+    assert _marker_traces(ar) == [] and "drafts nothing" in ar.layout.annotations[0].text
+
+
+def test_confidence_figure_what_if_is_labelled_an_estimate(traces):
+    fig = viz.confidence_figure(traces["via"], thresholds={"accept": 0.9, "escalate": 0.5})
+    assert "ESTIMATE" in fig.layout.title.text
+    assert _hlines(fig) == [0.5, 0.9]
+    assert sum(len(t.x) for t in _marker_traces(fig)) == len(traces["via"].candidates())
+
+
+# ---- what-if -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["via", "via_draft", "via_sampled"])
+def test_what_if_with_own_thresholds_reproduces_the_recording(traces, method):
+    trace = traces[method]
+    est = viz.what_if(trace, trace.config["thresholds"])
+    assert est["estimate"] is True and "estimate" in est["label"]
+    assert est["tier_counts"] == trace.summary["tier_counts"]
+    assert est["full_calls"] == trace.summary["full_calls"]
+    assert est["slim_calls"] == trace.summary["slim_calls"]
+    assert est["new_tokens"] == trace.summary["new_tokens"]
+    assert est["rejection_rate"] == pytest.approx(trace.summary["rejection_rate"])
+    assert est["changed_rounds"] == 0 and est["guessed_decisions"] == 0
+    phases = sum(r["draft_ms"] + r["slim_ms"] + r["full_ms"] + r["other_ms"] for r in trace.rounds)
+    assert est["model_ms"] == pytest.approx(phases)
+    assert est["speedup_vs_recorded"] == pytest.approx(1.0)
+
+
+def test_what_if_accepts_thresholds_objects(traces, routed_via):
+    from via_sd import Thresholds
+
+    for trace in (traces["via"], routed_via):
+        th = Thresholds(**trace.config["thresholds"])
+        assert viz.what_if(trace, th)["tier_counts"] == trace.summary["tier_counts"]
+
+
+def test_what_if_accept_everything_calls_no_full_model(traces):
+    trace = traces["via"]
+    est = viz.what_if(trace, {"accept": 0.0, "escalate": 0.0})
+    assert est["full_calls"] == 0 and est["tier_counts"]["full"] == 0
+    assert est["tier_counts"]["draft"] == est["drafted"] == trace.summary["drafted"]
+    assert est["rejection_rate"] == 0.0
+    assert est["thresholds"]["signal"] == "slim"  # a dict without signal keeps the trace's
+    costs = est["costs"]
+    assert est["model_ms"] == pytest.approx(
+        trace.summary["drafted"] * costs["draft_ms_per_candidate"]
+        + est["slim_calls"] * costs["slim_ms_per_call"] + len(trace.rounds) * costs["other_ms_per_round"])
+
+
+def test_what_if_escalating_everything_is_plain_sd_checks(traces):
+    """escalate = accept = 1: only drafts that are the slim verifier's top choice (r = 1) skip the full model."""
+    trace = traces["via"]
+    est = viz.what_if(trace, {"accept": 1.0, "escalate": 1.0})
+    for c in est["candidates"]:
+        if c["decision"] != "discarded" and c["confidence"] < 1.0:
+            assert c["tier"] == "full"
+    assert est["tier_counts"]["slim"] <= sum(r["candidates"] != [] for r in trace.rounds)  # only slim bonuses
+
+
+def test_what_if_on_a_hand_trace_guesses_and_says_so():
+    trace = hand_trace()
+    est = viz.what_if(trace, {"accept": 0.95, "escalate": 0.95})
+    # round 1: "  lead" (r 0.9) now goes to the full model, which never saw it: a guess, counted
+    assert est["guessed_decisions"] >= 1 and any("guessed" in n for n in est["notes"])
+    assert est["changed_rounds"] >= 1
+
+
+def test_what_if_rejects_non_via_traces(traces):
+    with pytest.raises(ValueError, match="VIA-SD"):
+        viz.what_if(traces["sd"], {"accept": 0.5, "escalate": 0.1})
+
+
+def test_what_if_rejects_bad_thresholds(traces):
+    with pytest.raises(ValueError):
+        viz.what_if(traces["via"], {"accept": 0.1, "escalate": 0.5})
+
+
+# ---- latency, speed, tier mix, positions, frontier -------------------------------------------------
+
+def test_latency_figure_has_one_row_per_method_and_every_phase(traces):
+    trs = [traces["via"], traces["sd"], traces["ar"]]
+    fig = viz.latency_figure(trs)
+    assert list(fig.layout.yaxis.categoryarray) == ["AR", "SD", "VIA-SD"]  # VIA-SD drawn on top
+    for trace, name in zip(trs, ["VIA-SD", "SD", "AR"]):
+        total = sum(x for bar in fig.data for x, y in zip(bar.x, bar.y) if y == name)
+        expected = trace.summary["prefill_ms"] + sum(
+            r["draft_ms"] + r["slim_ms"] + r["full_ms"] + r["other_ms"] for r in trace.rounds)
+        assert total == pytest.approx(expected)
+        full = next(b for b in fig.data if b.name == "full model")
+        full_rounds = sum(y == name for y in full.y)
+        assert full_rounds == sum(r["full_called"] and r["full_ms"] > 0 for r in trace.rounds)
+    assert "ms" in fig.layout.xaxis.title.text
+    assert {b.name for b in fig.data} >= {"drafter", "full model", "prefill (prompt)"}
+
+
+def test_speedup_figure_from_bench_dict_and_from_traces(traces):
+    fig = viz.speedup_figure({"ar": {"tokens_per_s": 10.0}, "sd": {"tokens_per_s": 20.0},
+                              "via": {"tokens_per_s": 25.0}, "hf": {"tokens_per_s": 15.0}})
+    tps, speed = fig.data
+    assert list(tps.x) == ["AR", "SD", "VIA-SD", "HF assisted"]
+    assert list(speed.y) == pytest.approx([1.0, 2.0, 2.5, 1.5])
+    fig = viz.speedup_figure([traces["ar"], traces["sd"], traces["via"]])
+    ar_tps = traces["ar"].summary["tokens_per_s"]
+    assert list(fig.data[1].y) == pytest.approx([t.summary["tokens_per_s"] / ar_tps
+                                                 for t in (traces["ar"], traces["sd"], traces["via"])])
+    runs = viz.speedup_figure({"sd": {"tokens_per_s_runs": [9.0, 11.0]}, "via": [12.0, 14.0]}, baseline="sd")
+    assert list(runs.data[1].y) == pytest.approx([1.0, 1.3])
+    assert runs.data[0].error_y.visible
+
+
+def test_tier_mix_shares_add_up(traces):
+    trs = [traces["via"], traces["via_draft"], traces["sd"], traces["ar"]]
+    fig = viz.tier_mix_figure(trs)
+    names = viz.trace_names(trs)
+    assert len(set(names)) == len(names)  # two VIA-SD traces get told apart
+    for name, trace in zip(names, trs):
+        shares = [x for bar in fig.data for x, y in zip(bar.x, bar.y) if y == name]
+        assert sum(shares) == pytest.approx(100.0)
+    via_draft = next(b for b in fig.data if b.name == P.ACCEPTED_DRAFT)
+    n = sum(lab == P.ACCEPTED_DRAFT for _, lab in viz.token_spans(trs[0]))
+    assert via_draft.x[0] == pytest.approx(100.0 * n / len(trs[0].tokens))
+
+
+def test_acceptance_by_position(traces):
+    via, sd = traces["via"], traces["sd"]
+    fig = viz.acceptance_by_position_figure([via, sd, traces["ar"]])
+    assert [t.name for t in fig.data] == ["VIA-SD", "SD"]  # AR drafts nothing
+    gamma = via.config["gamma"]
+    assert list(fig.data[0].x) == list(range(1, gamma + 1))
+    first = [c for c in via.candidates() if c["pos"] == 0]
+    kept = sum(c["decision"] in ("accepted", "kept") for c in first)
+    assert fig.data[0].y[0] == pytest.approx(100.0 * kept / len(first))
+    assert all(0 <= y <= 100 for t in fig.data for y in t.y)
+
+
+def test_frontier_marks_points_per_signal_and_the_current_thresholds():
+    sweep = [{"accept": a, "escalate": e, "signal": s, "speedup": 1 + a - e + (s == "draft") * 0.2,
+              "fidelity": 0.6 + 0.4 * e} for s in ("slim", "draft") for a, e in ((0.9, 0.5), (0.6, 0.2), (0.3, 0.1))]
+    sweep.append({"method": "sd", "speedup": 1.8, "fidelity": 1.0})
+    fig = viz.frontier_figure(sweep, current={"accept": 0.6, "escalate": 0.2, "signal": "slim"})
+    points = {t.name: t for t in fig.data if t.mode == "markers"}
+    assert len(points["signal: slim"].x) == len(points["signal: draft"].x) == 3
+    cur = points["current thresholds"]
+    assert (cur.x[0], cur.y[0]) == pytest.approx((0.6 + 0.4 * 0.2, 1 + 0.6 - 0.2))
+    assert any(t.name == "SD" for t in fig.data)
+    assert _hlines(fig) == [1.0]
+    assert "fidelity" in fig.layout.xaxis.title.text and "speed-up" in fig.layout.yaxis.title.text
+
+
+# ---- themes, inputs, imports ---------------------------------------------------------------------
+
+def test_every_figure_in_both_themes(traces):
+    via, sd, ar = traces["via"], traces["sd"], traces["ar"]
+    sweep = [{"accept": 0.6, "escalate": 0.2, "signal": "slim", "speedup": 1.5, "fidelity": 0.9}]
+    for theme, template in viz.THEMES.items():
+        figs = [viz.confidence_figure(via, theme=theme), viz.latency_figure([via, sd], theme=theme),
+                viz.speedup_figure([ar, sd, via], theme=theme), viz.tier_mix_figure(via, theme=theme),
+                viz.acceptance_by_position_figure([via, sd], theme=theme), viz.frontier_figure(sweep, theme=theme)]
+        for fig in figs:
+            assert fig.layout.template == go.layout.Template(__import__("plotly.io").io.templates[template])
+            assert fig.layout.title.text
+    with pytest.raises(ValueError):
+        viz.tier_mix_figure(via, theme="neon")
+
+
+def test_trace_dicts_and_json_work_too(traces):
+    via = traces["via"]
+    assert viz.token_spans(via.to_dict()) == viz.token_spans(via)
+    assert viz.what_if(via.to_json(), via.config["thresholds"])["tier_counts"] == via.summary["tier_counts"]
+
+
+def test_viz_imports_no_model_code_and_no_gradio():
+    code = "import sys, viz; bad = {'torch', 'transformers', 'gradio'} & set(sys.modules); assert not bad, bad"
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)

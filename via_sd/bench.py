@@ -1,0 +1,5 @@
+"""(being written)"""
+
+
+def add_parser(sub, *argument_adders):
+    pass
