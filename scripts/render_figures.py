@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import html
+import json
 import os
 import sys
 import tempfile
@@ -72,8 +73,8 @@ def engine_traces(source: str, max_new_tokens: int, sweep: bool):
     if sweep:
         base = traces["ar"].summary["tokens_per_s"]
         for signal in ("slim", "draft"):
-            for accept in (0.3, 0.5, 0.7, 0.9):
-                for escalate in (0.05, 0.15, 0.3):
+            for accept in (0.4, 0.6, 0.8, 0.95):
+                for escalate in (0.05, 0.2, 0.35):
                     if escalate > accept:
                         continue
                     t = run("via", accept, escalate, signal)
@@ -92,8 +93,8 @@ def sample_traces_and_sweep():
               "via_draft": sample_trace("via", signal="draft")}
     points = []
     for signal in ("slim", "draft"):
-        for accept in (0.3, 0.5, 0.7, 0.9):
-            for escalate in (0.05, 0.15, 0.3):
+        for accept in (0.4, 0.6, 0.8, 0.95):
+            for escalate in (0.05, 0.2, 0.35):
                 if escalate <= accept:
                     points.append({"accept": accept, "escalate": escalate, "signal": signal,
                                    "speedup": 1.2 + 1.4 * (1 - accept) + 0.6 * (0.3 - escalate) + 0.1 * (signal == "draft"),
@@ -121,9 +122,13 @@ def figures(traces: dict, sweep: list, theme: str) -> dict:
 
 
 def tokens_page(traces: dict, theme: str) -> str:
+    from viz.sample import sample_trace
+
     parts = []
-    for key, title in (("via", "VIA-SD"), ("via_draft", "VIA-SD (draft signal)"), ("sd", "SD"), ("ar", "AR")):
-        t = traces[key]
+    shown = [("via", "VIA-SD", traces["via"]), ("via_draft", "VIA-SD (draft signal)", traces["via_draft"]),
+             ("sd", "SD", traces["sd"]), ("ar", "AR", traces["ar"]),
+             ("sample", "hand-built sample: newlines, tabs, leading spaces, HTML", sample_trace("via", seed=4))]
+    for key, title, t in shown:
         parts.append(f"<h3>{html.escape(title)} · {len(t.tokens)} tokens</h3>{viz.token_html(t)}")
     return "".join(parts)
 
@@ -160,7 +165,7 @@ def render(traces: dict, sweep: list, out: Path, themes: list[str]) -> list[Path
                     pg.wait_for_selector(selector, timeout=20000)
                     pg.wait_for_selector(".main-svg", timeout=20000)
                 png = out / f"{name}.png"
-                pg.screenshot(path=str(png), full_page=True)
+                pg.locator("body").screenshot(path=str(png))
                 written.append(png)
         browser.close()
     return written
@@ -172,6 +177,7 @@ def main(argv=None) -> int:
     ap.add_argument("--themes", default="light,dark")
     ap.add_argument("--source", choices=("auto", "tiny", "embedded", "sample"), default="auto")
     ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--reuse", action="store_true", help="reuse the traces saved in OUT/traces.json last time")
     ap.add_argument("--no-sweep", action="store_true", help="skip the threshold sweep (frontier from samples)")
     args = ap.parse_args(argv)
     if not Path(CHROMIUM).exists():
@@ -186,12 +192,22 @@ def main(argv=None) -> int:
         except Exception as err:  # noqa: BLE001 - any import failure means: no engine here
             print(f"engine unavailable ({err}); using hand-built sample traces")
             source = "sample"
-    if source == "sample":
+    cache = Path(args.out) / "traces.json"
+    if args.reuse and cache.exists():
+        from via_sd.trace import Trace
+
+        data = json.loads(cache.read_text(encoding="utf-8"))
+        traces = {k: Trace.from_dict(v) for k, v in data["traces"].items()}
+        sweep, source = data["sweep"], data["source"] + " (reused)"
+    elif source == "sample":
         traces, sweep = sample_traces_and_sweep()
     else:
         traces, sweep = engine_traces(source, args.max_new_tokens, sweep=not args.no_sweep)
         if not sweep:
             sweep = sample_traces_and_sweep()[1]
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    cache.write_text(json.dumps({"source": source.replace(" (reused)", ""), "sweep": sweep,
+                                 "traces": {k: t.to_dict() for k, t in traces.items()}}), encoding="utf-8")
     print(f"traces from {source} in {time.time() - start:.1f}s; rendering")
     written = render(traces, sweep, Path(args.out), [t for t in args.themes.split(",") if t])
     for png in written:

@@ -70,28 +70,30 @@ class Clock:
         self.t0 = time.perf_counter()
 
     def ms(self) -> float:
-        if self.cuda:
-            torch.cuda.synchronize()
+        if self.cuda:  # every GPU: a verifier may be spread over several
+            for index in range(torch.cuda.device_count()):
+                torch.cuda.synchronize(index)
         return (time.perf_counter() - self.t0) * 1000.0
 
 
 class CachedModel:
     """One model with its own KV cache, and how many tokens of the sequence that cache holds."""
 
-    def __init__(self, forward, vocab_size: int):
+    def __init__(self, forward, vocab_size: int, input_device, output_device):
         self.forward = forward
         self.vocab_size = vocab_size
+        self.input_device, self.output_device = input_device, output_device
         self.cache = DynamicCache()
         self.seen = 0
-        self.calls = 0
 
     @torch.inference_mode()
-    def logits(self, seq: list[int], upto: int, keep: int, device) -> torch.Tensor:
+    def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
-        ids = torch.tensor([seq[self.seen:upto]], device=device)
+        ids = torch.tensor([seq[self.seen:upto]], device=self.input_device)
         out = self.forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
-        self.seen, self.calls = upto, self.calls + 1
-        return out.logits[0, -keep:, : self.vocab_size]
+        self.seen = upto
+        # a verifier spread over several GPUs returns logits on its last one
+        return out.logits[0, -keep:, : self.vocab_size].to(self.output_device)
 
     def rollback(self, length: int) -> None:
         """Forgets every cached token past `length`."""
@@ -117,11 +119,11 @@ class Decoder:
 
     def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock):
         self.pair, self.config, self.clock = pair, config, clock
-        self.device = pair.slim.device
+        self.device = pair.drafter.device  # where probabilities are compared and sampled
         vocab = pair.vocab_size
-        self.drafter = CachedModel(pair.drafter, vocab)
-        self.slim = CachedModel(pair.slim, vocab)
-        self.full = CachedModel(pair.verifier, vocab)
+        self.drafter = CachedModel(pair.drafter, vocab, pair.drafter.device, self.device)
+        self.slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
+        self.full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -137,7 +139,7 @@ class Decoder:
         """The models every round needs read the prompt (all but its last token) up front."""
         if len(seq) > 1:
             for model in models:
-                model.logits(seq, len(seq) - 1, 1, self.device)
+                model.logits(seq, len(seq) - 1, 1)
 
     def draft(self, seq: list[int], gamma: int, rnd: Round) -> tuple[list[int], torch.Tensor]:
         """The drafter proposes `gamma` tokens one by one; returns them and their distributions p."""
@@ -145,7 +147,7 @@ class Decoder:
         def run():
             tokens, dists, ext = [], [], list(seq)
             for _ in range(gamma):
-                p = self.probs(self.drafter.logits(ext, len(ext), 1, self.device)[0])
+                p = self.probs(self.drafter.logits(ext, len(ext), 1)[0])
                 token = pick(p, self.config.greedy, self.generator)
                 tokens.append(token)
                 dists.append(p)
@@ -159,7 +161,7 @@ class Decoder:
         """Distributions of `model` at draft positions from_pos..n (the last one is the bonus position)."""
         setattr(rnd, f"{phase}_called", True)
         ext, keep = seq + drafts, len(drafts) - from_pos + 1
-        return self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), keep, self.device)))
+        return self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), keep)))
 
     def check(self, rnd: Round, tier: str, drafts: list[int], p, q, from_pos: int) -> None:
         """Standard speculative check of drafts[from_pos:] against q (q[k] scores position from_pos+k);
@@ -205,7 +207,7 @@ def _candidates(drafts: list[int], p: torch.Tensor | None, tier: str | None = No
 def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
     """Autoregressive: the full verifier alone emits one token."""
     rnd.full_called = True
-    q = dec.timed(rnd, "full", lambda: dec.probs(dec.full.logits(seq, len(seq), 1, dec.device)))
+    q = dec.timed(rnd, "full", lambda: dec.probs(dec.full.logits(seq, len(seq), 1)))
     dec.bonus(rnd, FULL, q[0])
 
 
@@ -293,7 +295,7 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
         raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
                          f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
 
-    clock = Clock(pair.slim.device)
+    clock = Clock(pair.drafter.device)
     dec = Decoder(pair, config, clock)
     verify = VERIFY[method]
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),

@@ -27,29 +27,32 @@ SIGNAL_TEXT = {"slim": "r = q′(x) / max q′ (slim verifier)", "draft": "r = p
 # ---- shared layout -------------------------------------------------------------------------------
 
 def _title(text: str, subtitle: str | None = None) -> dict:
-    sub = f"<br><span style='font-size:15px'>{subtitle}</span>" if subtitle else ""
-    return dict(text=f"{text}{sub}", x=0.01, xanchor="left", y=0.97, yanchor="top", font=dict(size=22))
+    title = dict(text=text, x=0.0, xref="paper", xanchor="left", y=1.0, yref="paper", yanchor="bottom",
+                 pad=dict(b=18), automargin=True, font=dict(size=22))
+    if subtitle:
+        title["subtitle"] = dict(text=subtitle, font=dict(size=15))
+    return title
 
 
 def _style(fig: go.Figure, theme: str, title: str, subtitle: str | None = None, height: int = 540,
-           legend: dict | None = None, top: int = 110) -> go.Figure:
+           legend: dict | None = None, notes: list[str] | None = None) -> go.Figure:
+    """Template, title (+ subtitle and notes lines), projector-size fonts, transparent background
+    (the page's light or dark background shows through)."""
+    lines = [x for x in [subtitle, *(notes or [])] if x]
     fig.update_layout(
         template=P.template_for(theme),
-        title=_title(title, subtitle),
+        title=_title(title, "<br>".join(lines) if lines else None),
         font=dict(size=P.FONT_SIZE),
         height=height,
-        margin=dict(l=90, r=40, t=top, b=80),
+        margin=dict(l=80, r=30, t=30, b=70),
+        paper_bgcolor="rgba(0,0,0,0)",
+        plot_bgcolor="rgba(0,0,0,0)",
         hoverlabel=dict(font_size=15),
         legend=legend or dict(font=dict(size=15), title_font=dict(size=15)),
     )
     fig.update_xaxes(title_font=dict(size=18), tickfont=dict(size=15), automargin=True)
     fig.update_yaxes(title_font=dict(size=18), tickfont=dict(size=15), automargin=True)
     return fig
-
-
-def _note(fig: go.Figure, text: str, theme: str, y: float = -0.16) -> None:
-    fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=y, xanchor="left", yanchor="top",
-                       showarrow=False, font=dict(size=14, color=P.neutral_color(theme)), align="left")
 
 
 def _empty(title: str, message: str, theme: str) -> go.Figure:
@@ -113,9 +116,11 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
         get_y = (lambda c: c.get("p_draft"))
         title = f"Draft probabilities — {name}"
         subtitle = "plain SD has no thresholds: the full model checks every draft; y is the drafter's p(x)"
+    notes = []
     if estimate is not None:
-        title = f"What if: {title} (ESTIMATE)"
-        subtitle = f"{ESTIMATE_LABEL} · " + subtitle
+        title = f"What if: {title} — ESTIMATE"
+        notes.append(f"{ESTIMATE_LABEL}: {estimate['guessed_decisions']} decision(s) guessed, "
+                     f"{estimate['changed_rounds']} of {estimate['rounds']} rounds end differently")
 
     fig = go.Figure()
     if th is not None:
@@ -124,9 +129,9 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
                              ("full", 0.0, th["escalate"])):
             if y1 > y0:
                 fig.add_hrect(y0=y0, y1=y1, fillcolor=P.COLOR_BY_TIER[tier], opacity=op, line_width=0, layer="below")
-                fig.add_annotation(text=P.TIER_NAMES[tier], xref="paper", yref="y", x=0.995, y=(y0 + y1) / 2,
-                                   xanchor="right", yanchor="middle", showarrow=False,
-                                   font=dict(size=14, color=P.neutral_color(theme)), opacity=0.85)
+                fig.add_annotation(text=P.TIER_NAMES[tier].replace(": ", "<br>"), xref="paper", yref="y", x=1.01,
+                                   y=(y0 + y1) / 2, xanchor="left", yanchor="middle", showarrow=False, align="left",
+                                   font=dict(size=14, color=P.neutral_color(theme)))
         for key in ("accept", "escalate"):
             fig.add_hline(y=th[key], line=dict(color=P.neutral_color(theme), width=2, dash="dash"),
                           annotation=dict(text=f"{key} = {th[key]:.2f}", xanchor="left", x=0.005,
@@ -134,18 +139,6 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
                           annotation_position="top left", name=f"{key} threshold")
 
     xs = {id(c): n for n, c in enumerate(cands, start=1)}
-    # faint lines join the drafts of one round
-    lx, ly = [], []
-    for c in cands:
-        y = get_y(c)
-        if is_number(y):
-            if lx and c.get("pos") == 0:
-                lx.append(None)
-                ly.append(None)
-            lx.append(xs[id(c)])
-            ly.append(y)
-    fig.add_trace(go.Scatter(x=lx, y=ly, mode="lines", line=dict(color=P.OKABE_ITO["grey"], width=1),
-                             opacity=0.45, hoverinfo="skip", showlegend=False, name="round"))
     missing = 0
     by_label: dict[str, list] = {lab: [] for lab in CANDIDATE_ORDER}
     for c in cands:
@@ -170,18 +163,13 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
                            "%{customdata[4]} · q_full %{customdata[5]}<br>confidence r %{customdata[6]}"
                            f"<extra>{label}</extra>"),
         ))
-    _style(fig, theme, title, subtitle, height=560, legend=dict(title_text="draft token", font=dict(size=15)))
-    fig.update_yaxes(title_text=ylabel, range=[-0.03, 1.05], dtick=0.2)
-    fig.update_xaxes(title_text="draft number, in drafting order (lines join the drafts of one round)",
-                     rangemode="tozero")
-    notes = []
     if missing:
         notes.append(f"{missing} draft(s) without a recorded {'confidence' if th else 'p(x)'} are not shown")
-    if estimate is not None:
-        notes.append(f"{estimate['guessed_decisions']} decision(s) guessed; {estimate['changed_rounds']} of "
-                     f"{estimate['rounds']} rounds end differently than recorded")
-    if notes:
-        _note(fig, " · ".join(notes), theme, y=-0.2)
+    _style(fig, theme, title, subtitle, height=600, notes=notes,
+           legend=dict(orientation="h", yanchor="top", y=-0.2, x=0, font=dict(size=15)))
+    fig.update_layout(margin=dict(r=150 if th is not None else 30))
+    fig.update_yaxes(title_text=ylabel, range=[-0.03, 1.05], dtick=0.2)
+    fig.update_xaxes(title_text="draft number, in drafting order (hover a point for its round)", rangemode="tozero")
     return fig
 
 
@@ -422,7 +410,7 @@ def acceptance_by_position_figure(traces: Any, theme: str = "light") -> go.Figur
         fig.add_trace(go.Scatter(
             x=[r["position"] for r in rows], y=[100 * r["share"] for r in rows], mode="lines+markers", name=name,
             line=dict(color=P.METHOD_COLORS.get(trace.method, P.OKABE_ITO["orange"]), width=3,
-                      dash="solid" if n < 2 else "dot"),
+                      dash=("solid", "dash", "dot", "dashdot")[n % 4]),
             marker=dict(size=12, symbol=symbols[n % len(symbols)]),
             customdata=[[r["kept"], r["drafted"]] for r in rows],
             hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} kept (%{y:.0f}%)"
@@ -488,6 +476,7 @@ def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light"
                                  marker=dict(color=P.METHOD_COLORS.get(p.get("method"), P.OKABE_ITO["grey"]),
                                              size=15, symbol="star"),
                                  hovertemplate=f"{label}: %{{y:.2f}}× · fidelity %{{x:.1%}}<extra></extra>"))
+    notes = []
     if current is not None:
         cur = current if isinstance(current, dict) else {}
         th = thresholds_dict(current) if (cur.get("accept") is not None or not isinstance(current, dict)) else None
@@ -505,13 +494,14 @@ def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light"
                                                  line=dict(width=3.5)),
                                      hovertemplate="current thresholds<extra></extra>"))
         elif th:
-            _note(fig, f"current thresholds (accept {th['accept']:.2f}, escalate {th['escalate']:.2f}, "
-                       f"{th['signal']}) are not in the sweep", theme)
+            notes.append(f"current thresholds (accept {th['accept']:.2f}, escalate {th['escalate']:.2f}, "
+                         f"{th['signal']}) are not in the sweep")
     fig.add_hline(y=1.0, line=dict(color=P.neutral_color(theme), dash="dot", width=1.5),
                   annotation=dict(text=f"as fast as {baseline}", font=dict(size=14, color=P.neutral_color(theme))),
                   annotation_position="bottom right")
     _style(fig, theme, "Speed-up vs fidelity over a threshold sweep",
-           "up = faster; right = closer to the full model (VIA-SD is lossy, plain SD is not)", height=560)
+           "up = faster; right = closer to the full model (VIA-SD is lossy, plain SD is not)", height=560,
+           notes=notes)
     xs = [p["fidelity"] for p in points]
     lo = min(xs)
     pad = max(0.02, (max(xs) - lo) * 0.08)
