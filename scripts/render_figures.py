@@ -97,7 +97,8 @@ def sample_traces_and_sweep():
             for escalate in (0.05, 0.2, 0.35):
                 if escalate <= accept:
                     points.append({"accept": accept, "escalate": escalate, "signal": signal,
-                                   "speedup": 1.2 + 1.4 * (1 - accept) + 0.6 * (0.3 - escalate) + 0.1 * (signal == "draft"),
+                                   "speedup": 1.2 + 1.4 * (1 - accept) + 0.6 * (0.3 - escalate)
+                                   + 0.1 * (signal == "draft"),
                                    "fidelity": 0.72 + 0.25 * accept * (0.6 + escalate)})
     points.append({"method": "sd", "speedup": 1.9, "fidelity": 1.0})
     return traces, points
@@ -112,7 +113,7 @@ def figures(traces: dict, sweep: list, theme: str) -> dict:
         "confidence_via": viz.confidence_figure(via, theme=theme),
         "confidence_via_draft_signal": viz.confidence_figure(via_draft, theme=theme),
         "confidence_sd": viz.confidence_figure(sd, theme=theme),
-        "confidence_what_if": viz.confidence_figure(via, thresholds={"accept": 0.85, "escalate": 0.4}, theme=theme),
+        "confidence_what_if": viz.confidence_figure(via, thresholds={"accept": 0.5, "escalate": 0.1}, theme=theme),
         "latency": viz.latency_figure([via, sd, ar], theme=theme),
         "speedup": viz.speedup_figure([ar, sd, via], theme=theme),
         "tier_mix": viz.tier_mix_figure([via, via_draft, sd, ar], theme=theme),

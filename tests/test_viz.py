@@ -174,6 +174,13 @@ def test_token_html_is_escaped_and_has_tooltips():
     assert 'class="via-sd-legend"' in out and 'class="via-sd-legend"' not in viz.token_html(trace, legend=False)
 
 
+def test_plot_hovers_show_token_html_as_text():
+    fig = viz.confidence_figure(hand_trace())
+    texts = [row[0] for t in _marker_traces(fig) for row in t.customdata]
+    assert "&lt;b&gt;" in texts and "<b>" not in texts
+    assert "↵" in texts  # the newline draft, visible and on one line
+
+
 def test_token_text_color_has_contrast_on_every_label():
     for label, color in P.CANDIDATE_COLORS.items():
         assert P.contrast(color, P.text_color(color)) >= 4.5, label
@@ -357,7 +364,7 @@ def test_acceptance_by_position(traces):
     fig = viz.acceptance_by_position_figure([via, sd, traces["ar"]])
     assert [t.name for t in fig.data] == ["VIA-SD", "SD"]  # AR drafts nothing
     gamma = via.config["gamma"]
-    assert list(fig.data[0].x) == list(range(1, gamma + 1))
+    assert [round(x) for x in fig.data[0].x] == list(range(1, gamma + 1))
     first = [c for c in via.candidates() if c["pos"] == 0]
     kept = sum(c["decision"] in ("accepted", "kept") for c in first)
     assert fig.data[0].y[0] == pytest.approx(100.0 * kept / len(first))

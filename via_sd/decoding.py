@@ -23,7 +23,8 @@ import torch
 from transformers import DynamicCache
 
 from .models import ModelPair
-from .tiers import DRAFT, FULL, SLIM, Thresholds, logits_to_probs, pick, relative_confidence, tier_of, verify_draft
+from .tiers import (DRAFT, FULL, SLIM, Thresholds, logits_to_probs, pick, relative_confidence, tier_of,
+                    verify_draft)
 from .trace import Trace, summarize
 
 METHODS = ("ar", "sd", "via")
@@ -157,11 +158,16 @@ class Decoder:
         return self.timed(rnd, "draft", run) if gamma else ([], None)
 
     def score(self, model: CachedModel, phase: str, seq: list[int], drafts: list[int], from_pos: int,
-              rnd: Round) -> torch.Tensor:
-        """Distributions of `model` at draft positions from_pos..n (the last one is the bonus position)."""
+              rnd: Round) -> tuple[torch.Tensor, list[float]]:
+        """Distributions of `model` at draft positions from_pos..n (the last one is the bonus position),
+        and each candidate's relative confidence r under it; records q(x) and the top choice."""
         setattr(rnd, f"{phase}_called", True)
         ext, keep = seq + drafts, len(drafts) - from_pos + 1
-        return self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), keep)))
+        q = self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), keep)))
+        r, q_x, top = relative_confidence(q[:-1], torch.tensor(drafts[from_pos:], device=q.device, dtype=torch.long))
+        for k, (qx, t) in enumerate(zip(q_x.tolist(), top.tolist())):
+            rnd.candidates[from_pos + k].update({f"q_{phase}": qx, f"{phase}_top": t})
+        return q, r.tolist()
 
     def check(self, rnd: Round, tier: str, drafts: list[int], p, q, from_pos: int) -> None:
         """Standard speculative check of drafts[from_pos:] against q (q[k] scores position from_pos+k);
@@ -170,7 +176,6 @@ class Decoder:
         for k, token in enumerate(drafts[from_pos:]):
             i = from_pos + k
             kept, out = verify_draft(token, p[i], q[k], self.config.greedy, self.generator)
-            rnd.candidates[i][key] = float(q[k][token])
             self.decide(rnd, i, out, tier, "kept" if kept else "replaced", p, {key: float(q[k][out])})
             if not kept:
                 return
@@ -200,8 +205,9 @@ def _candidates(drafts: list[int], p: torch.Tensor | None, tier: str | None = No
     if not drafts:
         return []
     p_draft = p[torch.arange(len(drafts)), torch.tensor(drafts, device=p.device)].tolist()
-    return [{"pos": i, "token": t, "p_draft": pd, "q_slim": None, "q_full": None, "confidence": None,
-             "tier": tier, "decision": "discarded"} for i, (t, pd) in enumerate(zip(drafts, p_draft))]
+    return [{"pos": i, "token": t, "p_draft": pd, "q_slim": None, "q_full": None, "slim_top": None,
+             "full_top": None, "confidence": None, "tier": tier, "decision": "discarded"}
+            for i, (t, pd) in enumerate(zip(drafts, p_draft))]
 
 
 def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
@@ -214,7 +220,7 @@ def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
 def verify_sd(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
     """Speculative decoding: the full verifier checks every draft in one parallel pass."""
     rnd.candidates = _candidates(drafts, p, FULL)
-    q = dec.score(dec.full, "full", seq, drafts, 0, rnd)
+    q, _ = dec.score(dec.full, "full", seq, drafts, 0, rnd)
     dec.check(rnd, FULL, drafts, p, q, 0)
 
 
@@ -224,10 +230,7 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
     cands = rnd.candidates = _candidates(drafts, p)
     q_slim = None
     if th.signal == "slim":
-        q_slim = dec.score(dec.slim, "slim", seq, drafts, 0, rnd)
-        confidence = [relative_confidence(q_slim[i], t) for i, t in enumerate(drafts)]
-        for i, t in enumerate(drafts):
-            cands[i]["q_slim"] = float(q_slim[i][t])
+        q_slim, confidence = dec.score(dec.slim, "slim", seq, drafts, 0, rnd)
     else:
         confidence = [c["p_draft"] for c in cands]
     tiers = [tier_of(r, th) for r in confidence]
@@ -235,9 +238,7 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
         c["confidence"], c["tier"] = r, t
     first_full = tiers.index(FULL) if FULL in tiers else len(drafts)
     if q_slim is None and SLIM in tiers[:first_full]:  # the draft signal pays for the slim pass only when needed
-        q_slim = dec.score(dec.slim, "slim", seq, drafts, 0, rnd)
-        for i, t in enumerate(drafts):
-            cands[i]["q_slim"] = float(q_slim[i][t])
+        q_slim, _ = dec.score(dec.slim, "slim", seq, drafts, 0, rnd)
 
     for i in range(first_full):
         if tiers[i] == DRAFT:
@@ -248,7 +249,7 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
         if not kept:
             return
     if first_full < len(drafts):
-        q_full = dec.score(dec.full, "full", seq, drafts, first_full, rnd)
+        q_full, _ = dec.score(dec.full, "full", seq, drafts, first_full, rnd)
         dec.check(rnd, FULL, drafts, p, q_full, first_full)
     elif q_slim is not None:  # the round never escalated: the bonus comes from the slim verifier
         dec.bonus(rnd, SLIM, q_slim[-1])

@@ -53,9 +53,13 @@ def tier_of(confidence: float, thresholds: Thresholds) -> str:
     return FULL
 
 
-def relative_confidence(probs: torch.Tensor, token: int) -> float:
-    """r = q(x) / max_v q(v): 1.0 when x is the model's top choice."""
-    return float(probs[token] / probs.max())
+def relative_confidence(probs: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """r = q(x) / max_v q(v) for each row of `probs` and its token x (1.0 when x is the top choice).
+
+    Returns (r, q(x), top choice) per row."""
+    q_x = probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    q_max, top = probs.max(-1)
+    return q_x / q_max, q_x, top
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:

@@ -5,8 +5,9 @@ Tokens, rounds and candidates are plain dicts so that the JSON round trip is exa
 
 tokens[i]:   i, id, text, round, tier (draft|slim|full), outcome (kept|replaced|bonus),
              p_draft, q_slim, q_full (None where that model did not score it), confidence
-rounds[k]:   round, start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, candidates[]
-candidate:   pos, token, text, p_draft, q_slim, q_full, confidence, tier,
+rounds[k]:   round, start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called, candidates[]
+candidate:   pos, token, text, p_draft, q_slim, q_full, slim_top, full_top (the verifiers' top choices
+             where they scored the position), confidence, tier,
              decision (accepted: tier A, no verifier | kept: a verifier agreed |
                        replaced: a verifier emitted another token | discarded: after a replacement)
 """

@@ -6,6 +6,7 @@ palette of `viz.palette`, so a tier has the same color here as in the colored to
 
 from __future__ import annotations
 
+import html
 import math
 from typing import Any
 
@@ -14,21 +15,26 @@ from plotly.subplots import make_subplots
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, as_traces, fmt_prob, is_number, thresholds_dict, trace_thresholds
-from .tokens import candidate_label, token_label, visible_text
+from .tokens import TIER_LETTER, candidate_label, token_label, visible_text
 from .what_if import ESTIMATE_LABEL, what_if
 
 CANDIDATE_ORDER = [P.ACCEPTED_DRAFT, P.SLIM_KEPT, P.SLIM_REGENERATED, P.FULL_KEPT, P.FULL_CORRECTED, P.DISCARDED]
 TOKEN_ORDER = [P.ACCEPTED_DRAFT, P.SLIM_KEPT, P.SLIM_REGENERATED, P.FULL_KEPT, P.FULL_CORRECTED, P.BONUS,
                P.AUTOREGRESSIVE]
 MARKERS = {P.SLIM_REGENERATED: "x", P.FULL_CORRECTED: "x", P.DISCARDED: "circle-open"}
-SIGNAL_TEXT = {"slim": "r = q′(x) / max q′ (slim verifier)", "draft": "r = p(x) (drafter)"}
+SIGNAL_TEXT = {"slim": "r = q′(x) / max q′ (slim verifier)", "draft": "r = p(x), the drafter's probability"}
+
+
+def _hover_text(text: str) -> str:
+    """Token text for a Plotly hover label: whitespace visible, one line, HTML shown as text."""
+    return html.escape(visible_text(text).replace("\n", ""), quote=False)
 
 
 # ---- shared layout -------------------------------------------------------------------------------
 
 def _title(text: str, subtitle: str | None = None) -> dict:
-    title = dict(text=text, x=0.0, xref="paper", xanchor="left", y=1.0, yref="paper", yanchor="bottom",
-                 pad=dict(b=18), automargin=True, font=dict(size=22))
+    title = dict(text=text, x=0.0, xref="paper", xanchor="left", y=1.0, yref="container", yanchor="top",
+                 pad=dict(t=14), font=dict(size=22))
     if subtitle:
         title["subtitle"] = dict(text=subtitle, font=dict(size=15))
     return title
@@ -44,10 +50,11 @@ def _style(fig: go.Figure, theme: str, title: str, subtitle: str | None = None, 
         title=_title(title, "<br>".join(lines) if lines else None),
         font=dict(size=P.FONT_SIZE),
         height=height,
-        margin=dict(l=80, r=30, t=30, b=70),
+        margin=dict(l=80, r=30, t=62 + 21 * sum(x.count("<br>") + 1 for x in lines), b=70),
         paper_bgcolor="rgba(0,0,0,0)",
         plot_bgcolor="rgba(0,0,0,0)",
         hoverlabel=dict(font_size=15),
+        showlegend=True,
         legend=legend or dict(font=dict(size=15), title_font=dict(size=15)),
     )
     fig.update_xaxes(title_font=dict(size=18), tickfont=dict(size=15), automargin=True)
@@ -155,9 +162,10 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
                         symbol=MARKERS.get(label, "circle"),
                         line=dict(width=2.5 if label in MARKERS else 0.8,
                                   color=P.CANDIDATE_COLORS[label] if label in MARKERS else P.neutral_color(theme))),
-            customdata=[[visible_text(c.get("text", "")).replace("\n", ""), c.get("round"), c.get("pos", 0) + 1,
+            customdata=[[_hover_text(c.get("text", "")), c.get("round"), c.get("pos", 0) + 1,
                          fmt_prob(c.get("p_draft")), fmt_prob(c.get("q_slim")), fmt_prob(c.get("q_full")),
-                         fmt_prob(c.get("confidence")), c.get("tier"), c.get("decision")] for c in group],
+                         fmt_prob(c.get("confidence")), f"{TIER_LETTER.get(c.get('tier'), '?')} ({c.get('tier')})",
+                         c.get("decision")] for c in group],
             hovertemplate=("<b>%{customdata[0]}</b><br>round %{customdata[1]}, draft %{customdata[2]}"
                            "<br>tier %{customdata[7]}: %{customdata[8]}<br>p_draft %{customdata[3]} · q_slim "
                            "%{customdata[4]} · q_full %{customdata[5]}<br>confidence r %{customdata[6]}"
@@ -195,9 +203,12 @@ def latency_figure(traces: Any, theme: str = "light") -> go.Figure:
             b = bars["prefill"]
             b["x"].append(prefill), b["y"].append(name), b["base"].append(0.0), b["custom"].append(["prompt", 0, ""])
         end = prefill
+        per_round: dict = {}
+        for tok in trace.tokens:
+            per_round[tok.get("round")] = per_round.get(tok.get("round"), 0) + 1
         for rnd in trace.rounds:
             t = float(rnd.get("start_ms") or 0.0)
-            emitted = sum(1 for tok in trace.tokens if tok.get("round") == rnd.get("round"))
+            emitted = per_round.get(rnd.get("round"), 0)
             for phase in ("draft", "slim", "full", "other"):
                 ms = float(rnd.get(f"{phase}_ms") or 0.0)
                 if ms <= 0:
@@ -300,7 +311,8 @@ def speedup_figure(results: Any, baseline: str | None = None, theme: str = "ligh
     rows = _bench_rows(results)
     if not rows:
         return _empty("Speed", "no results", theme)
-    order = [m for m in ("ar", "sd", "via", "hf") if m in rows] + [m for m in rows if m not in ("ar", "sd", "via", "hf")]
+    known = ("ar", "sd", "via", "hf")
+    order = [m for m in known if m in rows] + [m for m in rows if m not in known]
     if baseline is None:
         baseline = "ar" if "ar" in rows else "sd" if "sd" in rows else min(rows, key=lambda m: rows[m]["tokens_per_s"])
     if baseline not in rows:
@@ -325,6 +337,7 @@ def speedup_figure(results: Any, baseline: str | None = None, theme: str = "ligh
            else "tokens per second of decoding (prefill excluded)", height=520)
     for ann in fig.layout.annotations[:2]:  # the two subplot titles
         ann.font.size = 18
+    fig.update_layout(margin=dict(t=fig.layout.margin.t + 40))  # room for the subplot titles
     fig.update_yaxes(title_text="tokens / s", row=1, col=1, rangemode="tozero")
     fig.update_yaxes(title_text="speed-up (×)", row=1, col=2, rangemode="tozero")
     top_t = max(t + s for t, s in zip(tps, std)) if tps else 1
@@ -407,13 +420,15 @@ def acceptance_by_position_figure(traces: Any, theme: str = "light") -> go.Figur
     for n, (trace, name) in enumerate(zip(traces, names)):
         rows = acceptance_by_position(trace)
         gamma = max([gamma] + [r["position"] for r in rows])
+        dodge = (n - (len(traces) - 1) / 2) * 0.04  # lines that coincide stay visible side by side
         fig.add_trace(go.Scatter(
-            x=[r["position"] for r in rows], y=[100 * r["share"] for r in rows], mode="lines+markers", name=name,
+            x=[r["position"] + dodge for r in rows], y=[100 * r["share"] for r in rows], mode="lines+markers",
+            name=name,
             line=dict(color=P.METHOD_COLORS.get(trace.method, P.OKABE_ITO["orange"]), width=3,
                       dash=("solid", "dash", "dot", "dashdot")[n % 4]),
             marker=dict(size=12, symbol=symbols[n % len(symbols)]),
-            customdata=[[r["kept"], r["drafted"]] for r in rows],
-            hovertemplate="position %{x}: %{customdata[0]} of %{customdata[1]} kept (%{y:.0f}%)"
+            customdata=[[r["kept"], r["drafted"], r["position"]] for r in rows],
+            hovertemplate="position %{customdata[2]}: %{customdata[0]} of %{customdata[1]} kept (%{y:.0f}%)"
                           f"<extra>{name}</extra>",
         ))
     _style(fig, theme, "Drafts kept by position in the round",

@@ -68,7 +68,8 @@ def sample_trace(method: str = "via", gamma: int = 4, max_new_tokens: int = 40, 
                     c["confidence"] = c["_r"] if signal == "slim" else c["p_draft"]
                     if signal == "slim":
                         c["q_slim"] = round(c["_r"] * 0.8, 4)
-                    c["tier"] = "draft" if c["confidence"] >= accept else "slim" if c["confidence"] >= escalate else "full"
+                    r = c["confidence"]
+                    c["tier"] = "draft" if r >= accept else "slim" if r >= escalate else "full"
                 tiers = [c["tier"] for c in cands]
                 first_full = tiers.index("full") if "full" in tiers else n
                 if signal == "draft" and "slim" in tiers[:first_full]:

@@ -87,10 +87,12 @@ def token_tooltip(token: dict, method: str = "via") -> str:
     tier = token.get("tier", "full")
     lines = [
         label,
-        f"tier {TIER_LETTER.get(tier, '?')} ({tier}) · round {token.get('round', '?')} · token #{token.get('i', '?')}",
+        f"tier {TIER_LETTER.get(tier, '?')} ({tier}) · round {token.get('round', '?')}"
+        f" · token #{token.get('i', '?')}",
         f"p_draft {fmt_prob(token.get('p_draft'))} · q_slim {fmt_prob(token.get('q_slim'))}"
         f" · q_full {fmt_prob(token.get('q_full'))}",
-        f"confidence r {fmt_prob(token.get('confidence'))}",
+        f"confidence r {fmt_prob(token.get('confidence'))}"
+        + (" (of the draft it replaced)" if token.get("outcome") == "replaced" else ""),
         f"token id {token.get('id', '?')} · text {token.get('text', '')!r}",
     ]
     return "\n".join(lines)

@@ -29,9 +29,12 @@ How a round is replayed
    c-e are guesses and are counted in "guessed_decisions".
    While every decision of a round matches the recording, the round also stops where the
    recording stopped (a recorded "discarded" candidate: replacement, end of text or token budget).
-3. Emitted tokens: one per reached candidate with its tier, plus a bonus token when every draft
-   was kept (tier "full" if the full model ran in the round, else "slim"). A round whose replay
-   matches the recording contributes its recorded tokens unchanged.
+3. Verifier calls and emitted tokens. The full model runs when a tier-C draft is reached; the slim
+   verifier runs every round with signal "slim", and with signal "draft" only when a tier-B draft
+   comes before the first tier-C one. One token per reached candidate with its tier, plus a bonus
+   token when every draft was kept (tier "full" if the full model ran, else "slim" if the slim
+   verifier ran; none when no verifier ran). A round whose replay matches the recording
+   contributes its recorded tokens unchanged (so end of text and the token budget are respected).
 4. Rounds are replayed independently over the *recorded* drafts: in a real run, a round that ends
    differently changes the context (and the drafts) of every later round. The estimate ignores
    that; it answers "with these thresholds, how would these drafts have been handled?".
