@@ -302,60 +302,66 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
                   dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict())
     text = TokenText(pair.tokenizer)
-    seq = list(prompt_ids)
-    start = clock.ms()
-    needed = {"ar": [dec.full], "sd": [dec.drafter, dec.full],
-              "via": [dec.drafter] + ([dec.slim] if config.thresholds.signal == "slim" else [])}[method]
-    dec.prefill(seq, needed)
+    seq, eos = list(prompt_ids), pair.eos_ids
+    start, paused = clock.ms(), 0.0  # paused: time the consumer held the stream between rounds
+
+    def summary(**extra) -> dict:
+        wall = clock.ms() - start - paused
+        return {**summarize(trace.tokens, trace.rounds, prefill_ms, wall), "prompt_tokens": len(prompt_ids), **extra}
+
+    dec.prefill(seq, {"ar": [dec.full], "sd": [dec.drafter, dec.full],
+                      "via": [dec.drafter] + ([dec.slim] if config.thresholds.signal == "slim" else [])}[method])
     prefill_ms = clock.ms() - start
-    eos = pair.eos_ids
-    done = False
-    while not done:
+    stopped = False
+    while True:
         if stop is not None and stop.is_set():
-            trace.summary["stopped"] = True
+            stopped = True
             break
         round_start = clock.ms()
         rnd = Round()
         remaining = config.max_new_tokens - len(trace.tokens)
         drafts, p = dec.draft(seq, 0 if method == "ar" else min(config.gamma, remaining), rnd)
         verify(dec, seq, drafts, p, rnd)
-        emitted = rnd.emitted[:remaining]
-        for n, tok in enumerate(emitted):
-            if tok["id"] in eos:
-                emitted = emitted[: n + 1]
-                break
-        done = len(emitted) >= remaining or emitted[-1]["id"] in eos
-        valid = len(seq) + min(rnd.kept_drafts, len(emitted))
+        emitted = _until_eos(rnd.emitted[:remaining], eos)
+        valid = len(seq) + min(rnd.kept_drafts, len(emitted))  # what every cache may keep
         for model in (dec.drafter, dec.slim, dec.full):
             model.rollback(valid)
         seq.extend(tok["id"] for tok in emitted)
-        k = len(trace.rounds)
-        for tok in emitted:
-            trace.tokens.append({"i": len(trace.tokens), "id": tok["id"], "text": text.add(tok["id"]), "round": k,
-                                 **{f: tok[f] for f in ("tier", "outcome", "p_draft", "q_slim", "q_full",
-                                                         "confidence")}})
-        for c in rnd.candidates:
-            c["text"] = pair.tokenizer.decode([c["token"]])
-        total = clock.ms() - round_start
-        ph = rnd.phase_ms
-        trace.rounds.append({"round": k, "start_ms": round_start - start, "draft_ms": ph["draft"],
-                             "slim_ms": ph["slim"], "full_ms": ph["full"],
-                             "other_ms": max(total - sum(ph.values()), 0.0), "full_called": rnd.full_called,
-                             "slim_called": rnd.slim_called, "candidates": rnd.candidates})
-        if done and trace.tokens:
-            trace.tokens[-1]["text"] += text.flush()
-        trace.token_ids = seq[len(prompt_ids):]
-        trace.text = text.text
-        trace.summary = {**summarize(trace.tokens, trace.rounds, prefill_ms, clock.ms() - start),
-                         "prompt_tokens": len(prompt_ids)}
+        _record_round(trace, rnd, emitted, text, pair.tokenizer, round_start - start, clock.ms() - round_start)
+        trace.token_ids, trace.text = seq[len(prompt_ids):], text.text
+        if len(emitted) >= remaining or emitted[-1]["id"] in eos:
+            break
+        trace.summary = summary()
+        handed_over = clock.ms()
         yield trace
-    if not trace.tokens or trace.summary.get("stopped"):
-        if trace.tokens:
-            trace.tokens[-1]["text"] += text.flush()
-            trace.text = text.text
-        trace.summary = {**summarize(trace.tokens, trace.rounds, prefill_ms, clock.ms() - start),
-                         "prompt_tokens": len(prompt_ids), "stopped": bool(trace.summary.get("stopped"))}
-        yield trace
+        paused += clock.ms() - handed_over
+    if trace.tokens:
+        trace.tokens[-1]["text"] += text.flush()
+    trace.text = text.text
+    trace.summary = summary(stopped=stopped)
+    yield trace
+
+
+def _until_eos(emitted: list[dict], eos: set[int]) -> list[dict]:
+    for n, tok in enumerate(emitted):
+        if tok["id"] in eos:
+            return emitted[: n + 1]
+    return emitted
+
+
+def _record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText, tokenizer, start_ms: float,
+                  total_ms: float) -> None:
+    k = len(trace.rounds)
+    for tok in emitted:
+        trace.tokens.append({"i": len(trace.tokens), "id": tok["id"], "text": text.add(tok["id"]), "round": k,
+                             **{f: tok[f] for f in ("tier", "outcome", "p_draft", "q_slim", "q_full", "confidence")}})
+    for c in rnd.candidates:
+        c["text"] = tokenizer.decode([c["token"]])
+    ph = rnd.phase_ms
+    trace.rounds.append({"round": k, "start_ms": start_ms, "draft_ms": ph["draft"], "slim_ms": ph["slim"],
+                         "full_ms": ph["full"], "other_ms": max(total_ms - sum(ph.values()), 0.0),
+                         "full_called": rnd.full_called, "slim_called": rnd.slim_called,
+                         "candidates": rnd.candidates})
 
 
 def generate(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
