@@ -1,0 +1,140 @@
+"""Measure the app's three responsiveness targets in headless Chromium.
+
+    flock /tmp/via-sd-heavy.lock .venv/bin/python scripts/app_timings.py            # embedded pair
+    .venv/bin/python scripts/app_timings.py --preset random                          # mechanics only
+
+Targets (embedded pair cached on this machine):
+    page usable        within 30 s of `python app.py`   (Run button on a loaded page)
+    first VIA-SD token within 2 s of clicking Run        (the pair finished loading in the background)
+    what-if update     under 200 ms after a slider move  (keydown on the accept slider -> new estimate in the page)
+Also reported: when the background model load finished, and the run's own numbers. Writes
+artifacts/app_timings.json and screenshots artifacts/screenshots/timings-*.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_app_browser import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
+
+PROMPT = "Write a Python function `is_palindrome(s)` that returns True if the string is a palindrome."
+TARGETS = {"page_usable_s": 30.0, "first_token_s": 2.0, "what_if_ms": 200.0}
+
+# Marks the keydown on the accept slider and the moment the what-if card shows the new value.
+WATCH_JS = """(expected) => {
+  const range = document.querySelector('#accept input[type=range]');
+  const root = document.querySelector('#whatif');
+  window.__whatifMs = undefined;
+  let t0 = null;
+  range.addEventListener('keydown', () => { t0 = performance.now(); }, {once: true});
+  const obs = new MutationObserver(() => {
+    const card = root.querySelector('.via-whatif');
+    if (t0 !== null && card && card.dataset.accept === expected) { obs.disconnect(); window.__whatifMs = performance.now() - t0; }
+  });
+  obs.observe(root, {subtree: true, childList: true, attributes: true, characterData: true});
+  setTimeout(() => { obs.disconnect(); if (window.__whatifMs === undefined) window.__whatifMs = -1; }, 10000);
+}"""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", default="embedded")
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--moves", type=int, default=7, help="slider moves to time")
+    parser.add_argument("--out", default=str(ROOT / "artifacts" / "app_timings.json"))
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    shots = ROOT / "artifacts" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = {**os.environ, "VIA_SD_PRESET": args.preset, "GRADIO_SERVER_PORT": str(port), "HF_HUB_OFFLINE": "1",
+           "GRADIO_ANALYTICS_ENABLED": "False"}
+    log_path = ROOT / "artifacts" / "app_timings.log"
+    result = {"preset": args.preset, "max_new_tokens": args.max_new_tokens, "targets": TARGETS}
+    started = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=open(log_path, "w"),
+                            stderr=subprocess.STDOUT)
+    try:
+        while True:  # the server answers
+            try:
+                urllib.request.urlopen(url, timeout=2).close()
+                break
+            except OSError:
+                if proc.poll() is not None or time.perf_counter() - started > 120:
+                    raise RuntimeError(f"app.py did not start; see {log_path}")
+                time.sleep(0.1)
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page(viewport={"width": 1440, "height": 1000})
+            page.set_default_timeout(180_000)
+            page.goto(url, wait_until="domcontentloaded")
+            page.wait_for_selector("#run:not([disabled])")
+            page.wait_for_selector("#prompt textarea")
+            result["page_usable_s"] = time.perf_counter() - started
+            page.wait_for_function("document.querySelector('#device').innerText.includes('float')")
+            result["model_ready_s"] = time.perf_counter() - started
+
+            page.locator("#prompt textarea").fill(PROMPT)
+            tokens = page.locator("#max-new-tokens input[type=number]")
+            tokens.fill(str(args.max_new_tokens))
+            tokens.press("Enter")
+            time.sleep(0.5)
+            clicked = time.perf_counter()
+            page.locator("#run").click()
+            page.wait_for_selector("#via-tokens .via-tok")
+            result["first_token_s"] = time.perf_counter() - clicked
+            page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
+            result["run_s"] = time.perf_counter() - clicked
+            result["status"] = page.locator("#status").inner_text().strip()
+            page.wait_for_selector("#confidence-plot .js-plotly-plot")
+            result["metrics"] = page.locator("#metrics").inner_text().split("\n")
+            page.screenshot(path=str(shots / f"timings-{args.preset}-run.png"), full_page=True)
+
+            page.get_by_role("tab", name="Threshold lab").click()
+            page.wait_for_selector('#whatif .via-whatif[data-state="estimate"]')
+            range_input = page.locator("#accept input[type=range]")
+            times = []
+            for k in range(args.moves):
+                value = float(range_input.input_value())
+                step = 0.01 if value < 0.9 else -0.01
+                expected = f"{round(value + step, 2):.2f}"
+                page.evaluate(WATCH_JS, expected)
+                range_input.focus()
+                page.keyboard.press("ArrowRight" if step > 0 else "ArrowLeft")
+                page.wait_for_function("window.__whatifMs !== undefined")
+                times.append(page.evaluate("window.__whatifMs"))
+                time.sleep(0.3)
+            result["what_if_ms_each"] = [round(t, 1) for t in times]
+            valid = [t for t in times if t >= 0]
+            result["what_if_ms"] = statistics.median(valid) if valid else None
+            result["what_if_ms_max"] = max(valid) if valid else None
+            page.screenshot(path=str(shots / f"timings-{args.preset}-lab.png"), full_page=True)
+            browser.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    result["met"] = {k: result.get(k) is not None and result[k] <= v for k, v in TARGETS.items()}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    for key in ("page_usable_s", "model_ready_s", "first_token_s", "run_s", "what_if_ms", "what_if_ms_max"):
+        value = result.get(key)
+        target = TARGETS.get(key)
+        print(f"{key:16s} {value:8.2f}" + (f"   target <= {target:g}: {'met' if result['met'][key] else 'MISSED'}"
+                                            if target else "") if value is not None else f"{key:16s} -")
+    print(result["status"])
+    return 0 if all(result["met"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""The Gradio app: handlers called directly as plain functions, then a live server driven by gradio_client.
+
+Everything runs on the "random" preset (the tiny random pair, real decoding in milliseconds); the
+browser end-to-end test lives in test_app_browser.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+import weakref
+from types import SimpleNamespace
+
+import plotly.graph_objects as go
+import pytest
+
+import app
+from via_sd import PRESETS, Trace
+
+# gr.Warning outside a request only calls warnings.warn; the page shows the same text in the status box
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:gradio.helpers")
+PROMPT = "Write a haiku about the sea."
+# prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route, with_ar
+RUN_ARGS = (PROMPT, "random", 4, 0.6, 0.2, "slim", 0.0, 32, 0, "default", False)
+
+
+def run(*overrides, **named):
+    """All outputs of one run_compare call; `named` overrides arguments by name."""
+    args = dict(zip(["prompt", "preset", "gamma", "accept", "escalate", "signal", "temperature", "max_new_tokens",
+                     "seed", "route", "with_ar"], RUN_ARGS))
+    args.update(named)
+    return list(app.run_compare(*args.values()))
+
+
+def tokens_in(pane_html: str) -> int:
+    return pane_html.count('class="via-tok"')
+
+
+@pytest.fixture(scope="module")
+def last_run():
+    """One finished run with AR: (all yielded outputs, the traces state)."""
+    outs = run(with_ar=True)
+    return outs, outs[-1][5]
+
+
+# ---- run: streaming, metrics, stop ---------------------------------------------------------------
+
+def test_run_streams_via_first_then_sd_then_ar(last_run):
+    outs, traces = last_run
+    via_counts = [tokens_in(o[0]) for o in outs]
+    sd_counts = [tokens_in(o[1]) for o in outs]
+    ar_counts = [tokens_in(o[2]) for o in outs]
+    first_sd = next(i for i, n in enumerate(sd_counts) if n)
+    first_ar = next(i for i, n in enumerate(ar_counts) if n)
+    assert via_counts[first_sd] == 32, "VIA-SD finishes before plain SD starts (one after the other)"
+    assert sd_counts[first_ar] == 32
+    assert 0 < via_counts[1] <= 32 and len(outs) > 3, "the VIA-SD pane fills as rounds are decided"
+    assert set(traces) >= {"via", "sd", "ar"}
+    assert [traces[m].method for m in ("via", "sd", "ar")] == ["via", "sd", "ar"]
+    assert 'data-kind="ok"' in outs[-1][4]
+
+
+def test_panes_color_tokens_by_tier_with_hover_details(last_run):
+    _, traces = last_run
+    via = app.pane_html(traces, "via")
+    labels = set(re.findall(r'data-label="([^"]+)"', via))
+    assert labels and labels <= set(app.viz.TIER_COLORS)
+    assert "title=" in via and "confidence r" in via  # the hover tooltip
+    assert tokens_in(via) == len(traces["via"].tokens)
+
+
+def test_metric_cards_show_speed_ups_rates_calls_and_fidelity(last_run):
+    _, traces = last_run
+    html = app.metrics_html(traces)
+    for key in ("tokens_per_s", "speedup_ar", "speedup_sd", "rejection_rate", "mean_accepted_length", "full_calls",
+                "fidelity"):
+        assert f'data-metric="{key}"' in html
+    via, sd, ar = (traces[m].summary["tokens_per_s"] for m in ("via", "sd", "ar"))
+    assert f"{via / sd:.2f}×" in html and f"{via / ar:.2f}×" in html
+    assert traces["fidelity"]["sd"]["agreement"] == 1.0, "greedy plain SD is lossless"
+    assert f'{traces["fidelity"]["via"]["agreement"]:.1%}' in html
+
+
+def test_stop_ends_the_run_between_rounds_and_skips_the_rest():
+    outs = []
+    for out in app.run_compare(PROMPT, "random", 4, 0.6, 0.2, "slim", 0.0, 1024, 0, "default", True):
+        outs.append(out)
+        if tokens_in(out[0]) > 0 and len(outs) == 2:
+            app.stop_run(None)  # what the Stop button calls, in this (local) session
+    traces = outs[-1][5]
+    assert traces["via"].summary["stopped"] is True
+    assert len(traces["via"].tokens) < 1024
+    assert "sd" not in traces and "ar" not in traces
+    assert 'data-kind="stop"' in outs[-1][4]
+
+
+def test_each_session_has_its_own_stop_switch():
+    a, b = SimpleNamespace(session_hash="a"), SimpleNamespace(session_hash="b")
+    app.stop_event(a).clear()
+    app.stop_event(b).clear()
+    app.stop_run(a)
+    assert app.stop_event(a).is_set() and not app.stop_event(b).is_set()
+
+
+# ---- bad input: a clear message in the page, no exception -----------------------------------------
+
+@pytest.mark.parametrize("named, message", [
+    ({"prompt": "   "}, "The prompt is empty"),
+    ({"prompt": "x" * (app.MAX_PROMPT_CHARS + 1)}, "the limit here is"),
+    ({"accept": 0.2, "escalate": 0.7}, "thresholds out of order"),
+    ({"preset": "tiny"}, "HF_HUB_OFFLINE"),
+    ({"route": "embedded-default"}, "does not fit this verifier"),
+    ({"max_new_tokens": 0}, "max_new_tokens"),
+])
+def test_bad_input_shows_a_message_not_a_stack_trace(named, message, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    outs = run(**named)
+    status = outs[-1][4]
+    assert 'data-kind="error"' in status and message in status
+    assert "Traceback" not in status
+    assert outs[-1][5] == {}
+
+
+def test_a_model_that_cannot_load_gives_a_message_and_frees_the_old_pair(monkeypatch):
+    monkeypatch.setitem(PRESETS, "broken", {"drafter": "/nonexistent/drafter.gguf",
+                                            "verifier": "/nonexistent/verifier.gguf", "route": None,
+                                            "about": "a pair whose files are missing"})
+    old = weakref.ref(app.get_pair("random"))
+    assert app.get_pair("random") is old(), "one loaded pair, shared"
+    device, status = app.load_preset("broken")
+    assert 'data-kind="error"' in status and "could not load preset &#x27;broken&#x27;" in status
+    assert "does not exist" in status
+    assert old() is None, "switching preset freed the old pair first"
+    assert "⚠" in device
+    assert app.get_pair("random") is not None
+
+
+def test_hub_presets_are_marked_when_the_hub_is_off(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    labels = dict((v, k) for k, v in app.preset_choices())
+    assert "[needs the hub]" in labels["gpu"] and "[needs the hub]" not in labels["embedded"]
+    assert "cpu" in app.pair_status("random") and "float32" in app.pair_status("random")
+
+
+# ---- views of the recorded traces -----------------------------------------------------------------
+
+def test_views_draw_every_plot_and_reset_the_learn_slider(last_run):
+    _, traces = last_run
+    out = app.views(traces, "dark")
+    figures = out[:5]
+    assert all(isinstance(f, go.Figure) and f.data for f in figures)
+    assert figures[0].layout.template.layout.paper_bgcolor != app.views(traces, "light")[0].layout.template.layout.paper_bgcolor
+    assert out[5].maximum == len(traces["via"].rounds)
+    assert 'data-round="0"' in out[6]
+
+
+def test_what_if_is_an_estimate_that_follows_the_thresholds(last_run):
+    _, traces = last_run
+    recorded, fig = app.what_if_view(traces, 0.6, 0.2, "slim")
+    assert "ESTIMATE" in recorded and 'data-accept="0.60"' in recorded and fig.data
+    strict, _ = app.what_if_view(traces, 1.0, 1.0, "slim")  # everything escalates to the full model
+    cells = re.findall(r"<tr><td>tokens from tier C \(full model\)</td><td><b>(\d+)</b></td><td>(\d+)</td>", strict)
+    assert cells and int(cells[0][0]) >= int(cells[0][1])
+    assert strict != recorded
+    bad, fig = app.what_if_view(traces, 0.1, 0.9, "slim")
+    assert "out of order" in bad and fig is None
+    empty, _ = app.what_if_view({}, 0.6, 0.2, "slim")
+    assert 'data-state="empty"' in empty
+
+
+def test_what_if_is_fast(last_run):
+    _, traces = last_run
+    app.what_if_view(traces, 0.7, 0.3, "slim")
+    start = time.perf_counter()
+    app.what_if_view(traces, 0.8, 0.3, "slim")
+    assert time.perf_counter() - start < 1.0  # the 200 ms target is measured in scripts/app_timings.py
+
+
+def test_learn_explains_every_candidate_of_a_round(last_run):
+    _, traces = last_run
+    trace = traces["via"]
+    for k, rnd in enumerate(trace.rounds, start=1):
+        view = app.learn_view(traces, k)
+        assert f"round {k} of {len(trace.rounds)}" in view
+        whys = re.findall(r'<td class="via-why">(.*?)</td>', view)
+        assert len(whys) == len(rnd["candidates"])
+        for cand, why in zip(rnd["candidates"], whys):
+            if cand["decision"] == "accepted":
+                assert f"≥ accept 0.60: tier A" in why
+            elif cand["decision"] == "discarded":
+                assert why.startswith(("Discarded", "Not used"))
+            elif cand["tier"] == "slim":
+                assert "tier B, the slim verifier" in why
+    assert app.step_round(1, -1, traces) == 1
+    assert app.step_round(len(trace.rounds), 1, traces) == len(trace.rounds)
+    assert 'data-state="empty"' in app.learn_view({}, 1)
+
+
+def test_trace_table_and_downloads_round_trip(last_run):
+    _, traces = last_run
+    table, json_path, csv_path = app.trace_table(traces, "via")
+    assert len(table) == len(traces["via"].tokens)
+    with open(json_path, encoding="utf-8") as f:
+        assert Trace.from_json(f.read()) == traces["via"]
+    with open(csv_path, encoding="utf-8") as f:
+        assert f.readline().startswith("i,id,text,round,tier")
+    assert app.trace_table({}, "via")[1] is None
+
+
+def test_upload_replays_a_trace_without_any_model(last_run, tmp_path):
+    _, traces = last_run
+    path = tmp_path / "sd.json"
+    path.write_text(traces["sd"].to_json(), encoding="utf-8")
+    via_pane, sd_pane, ar_pane, metrics, status, state = app.replay_upload([str(path)])
+    assert tokens_in(sd_pane) == len(traces["sd"].tokens) and tokens_in(via_pane) == 0
+    assert 'data-kind="ok"' in status and state["sd"] == traces["sd"]
+    views = app.views(state, "light")
+    assert all(isinstance(f, go.Figure) for f in views[:5])
+
+
+@pytest.mark.parametrize("content, message", [
+    (b'{"hello": 1}', "not a VIA-SD trace"),
+    (b"not json at all", "is not JSON"),
+    (b"\xff\xfe\x00binary", "is not a text file"),
+    (b'{"schema": "via-sd-trace/1", "method": "via", "prompt": "", "tokens": [{"x": 1}], "rounds": [], '
+     b'"summary": {}}', "not a VIA-SD trace"),
+])
+def test_a_file_that_is_not_a_trace_gives_a_clear_message(content, message, tmp_path):
+    path = tmp_path / "upload.json"
+    path.write_bytes(content)
+    out = app.replay_upload([str(path)])
+    assert 'data-kind="error"' in out[4] and message in out[4]
+
+
+def test_sweep_measures_a_frontier_and_rejects_bad_grids():
+    fig, status = app.measure_sweep(PROMPT, "random", 4, "slim", 0.0, 12, 0, "default", "0.5, 0.9", "0.0, 0.3",
+                                    0.5, 0.0)
+    assert 'data-kind="ok"' in status and isinstance(fig, go.Figure)
+    names = [d.name for d in fig.data]
+    assert "signal: slim" in names and "plain SD" in names
+    _, status = app.measure_sweep(PROMPT, "random", 4, "slim", 0.0, 12, 0, "default", "high", "0.0", 0.5, 0.0)
+    assert "accept values" in status and 'data-kind="error"' in status
+
+
+def test_examples_cover_every_task_and_gpu_is_a_no_op_here():
+    examples, labels = app.example_prompts()
+    assert len(examples) == len(labels) >= 10
+    assert {label.split(":")[0] for label in labels} >= {"summarization", "translation", "qa", "math", "code"}
+
+    def f():
+        return 1
+
+    assert app.gpu(f) is f  # the `spaces` package is not installed here
+
+
+# ---- a live server driven by gradio_client ---------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    demo = app.build_demo("random")
+    demo.queue(default_concurrency_limit=1)
+    port = _free_port()
+    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+def test_client_runs_streams_and_downloads(server, tmp_path):
+    from gradio_client import Client, handle_file
+
+    client = Client(server, download_files=str(tmp_path), verbose=False)
+    job = client.submit(*RUN_ARGS, api_name="/run")
+    while not job.done():
+        time.sleep(0.05)
+    outputs = job.outputs()
+    assert len(outputs) > 2, "the run streams several updates"
+    via_pane, sd_pane, _, metrics, status = outputs[-1]
+    assert tokens_in(via_pane) == 32 and tokens_in(sd_pane) == 32
+    assert 'data-metric="fidelity"' in metrics and 'data-kind="ok"' in status
+
+    table, json_file, csv_file = client.predict("via", api_name="/trace_files")  # this session's traces
+    with open(json_file, encoding="utf-8") as f:
+        trace = Trace.from_json(f.read())
+    assert trace.method == "via" and len(trace.tokens) == 32
+    assert len(table["data"]) == 32 and open(csv_file, encoding="utf-8").readline().startswith("i,id")
+
+    other = Client(server, download_files=str(tmp_path / "other"), verbose=False)
+    assert other.predict("via", api_name="/trace_files")[1] is None, "another session sees none of it"
+
+    replay = other.predict([handle_file(json_file)], api_name="/replay")
+    assert tokens_in(replay[0]) == 32 and 'data-kind="ok"' in replay[4]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"not": "a trace"}))
+    assert "not a VIA-SD trace" in other.predict([handle_file(str(bad))], api_name="/replay")[4]
+
+
+def test_client_stop_stops_a_long_run(server):
+    from gradio_client import Client
+
+    client = Client(server, verbose=False)
+    args = list(RUN_ARGS)
+    args[7] = 512  # the slider's maximum: VIA-SD then SD take long enough for Stop to arrive midway
+    job = client.submit(*args, api_name="/run")
+    deadline = time.time() + 60
+    while time.time() < deadline and not any(tokens_in(o[0]) for o in job.outputs()):
+        time.sleep(0.05)
+    client.predict(api_name="/stop")
+    while not job.done():
+        time.sleep(0.05)
+    via_pane, sd_pane, _, _, status = job.outputs()[-1]
+    assert 'data-kind="stop"' in status
+    assert tokens_in(via_pane) + tokens_in(sd_pane) < 2 * 512
