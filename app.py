@@ -304,7 +304,8 @@ def metrics_html(traces: dict) -> str:
 
     main = via or sd or ar
     main_name = "VIA-SD" if via else METHOD_TITLES["sd" if sd else "ar"]
-    cards = [card("tokens_per_s", f"tokens / s ({main_name})", _fmt(tps.get("via", tps.get("sd", tps.get("ar"))), ".1f"),
+    main_tps = tps.get("via", tps.get("sd", tps.get("ar")))
+    cards = [card("tokens_per_s", f"tokens / s ({main_name})", _fmt(main_tps, ".1f"),
                   [(SHORT[m], _fmt(tps[m], ".1f")) for m in ("sd", "ar") if m in tps and via])]
     vs_ar = _ratio(tps.get("via"), tps.get("ar"))
     cards.append(card("speedup_ar", "speed-up vs AR", _fmt(vs_ar, ".2f", "×"),
@@ -605,12 +606,13 @@ def explain_candidate(c: dict, trace, emitted: list[dict], first_full: int | Non
     out = emitted[pos] if pos < len(emitted) else None
     verdict = {"kept": "agreed, so the draft stays",
                "replaced": f"disagreed and put in {_q(out['text']) if out else 'its own token'}, which ends the round"}
+    did = verdict.get(decision, decision)
     if decision == "discarded":
         if replaced_at is not None and pos > replaced_at:
             return f"Discarded: draft #{replaced_at + 1} was replaced, so this draft no longer continues the text."
         return "Not used: the token budget or the end of the text was reached."
     if trace.method == "sd":
-        return f"Plain SD: the full model checks every draft; it {verdict.get(decision, decision)}."
+        return f"Plain SD: the full model checks every draft; it {did}."
     th = (trace.config or {}).get("thresholds") or {}
     a, e = th.get("accept", float("nan")), th.get("escalate", float("nan"))
     r = c.get("confidence")
@@ -619,11 +621,11 @@ def explain_candidate(c: dict, trace, emitted: list[dict], first_full: int | Non
     if tier == "draft":
         return f"{name} {r_txt} ≥ accept {a:.2f}: tier A, accepted without any verifier."
     if tier == "slim":
-        return f"{name} {r_txt} lies between escalate {e:.2f} and accept {a:.2f}: tier B, the slim verifier {verdict.get(decision, decision)}."
+        return f"{name} {r_txt} lies between escalate {e:.2f} and accept {a:.2f}: tier B, the slim verifier {did}."
     if first_full is not None and pos > first_full and isinstance(r, (int, float)) and r >= e:
         return (f"After draft #{first_full + 1} escalated, the full model checks every later draft too "
-                f"({name.lower()} {r_txt}): it {verdict.get(decision, decision)}.")
-    return f"{name} {r_txt} < escalate {e:.2f}: tier C, deferred to the full model, which {verdict.get(decision, decision)}."
+                f"({name.lower()} {r_txt}): it {did}.")
+    return f"{name} {r_txt} < escalate {e:.2f}: tier C, deferred to the full model, which {did}."
 
 
 def learn_view(traces: dict, k=1) -> str:
@@ -631,7 +633,8 @@ def learn_view(traces: dict, k=1) -> str:
     tier's decision and why."""
     trace = _learn_trace(traces)
     if trace is None:
-        return '<div class="via-learn" data-state="empty">Run once (or upload a trace) to step through its rounds.</div>'
+        return ('<div class="via-learn" data-state="empty">Run once (or upload a trace) to step through its '
+                'rounds.</div>')
     k = max(0, min(int(k or 1) - 1, len(trace.rounds) - 1))
     rnd = trace.rounds[k]
     cands = rnd.get("candidates", [])
@@ -649,7 +652,8 @@ def learn_view(traces: dict, k=1) -> str:
         rows.append(f'<tr data-decision="{c.get("decision")}"><td>{c.get("pos", 0) + 1}</td><td>{chip}</td>'
                     f'<td>{_fmt(c.get("p_draft"), ".3f")}</td><td>{_fmt(c.get("q_slim"), ".3f")}</td>'
                     f'<td>{_fmt(c.get("q_full"), ".3f")}</td><td>{_fmt(c.get("confidence"), ".3f")}</td>'
-                    f'<td>{html.escape(label)}</td><td class="via-why">{explain_candidate(c, trace, emitted, first_full, replaced_at)}</td></tr>')
+                    f'<td>{html.escape(label)}</td>'
+                    f'<td class="via-why">{explain_candidate(c, trace, emitted, first_full, replaced_at)}</td></tr>')
     bonus = [t for t in emitted if t.get("outcome") == "bonus"]
     if bonus:
         who = {"slim": "the slim verifier", "full": "the full model"}.get(bonus[0].get("tier"), "the verifier")
@@ -824,7 +828,8 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                 rerun = gr.Checkbox(False, label="re-run on release", elem_id="rerun-on-release")
                 whatif = gr.HTML(what_if_view({}, DEFAULTS["accept"], DEFAULTS["escalate"], DEFAULTS["signal"])[0],
                                  elem_id="whatif", js_on_load=None)
-                whatif_plot = gr.Plot(label="what-if: re-tiered drafts (estimate)", elem_id="whatif-plot", show_label=False)
+                whatif_plot = gr.Plot(label="what-if: re-tiered drafts (estimate)", elem_id="whatif-plot",
+                                      show_label=False)
                 gr.Markdown("**Measured sweep**: runs plain SD and VIA-SD at every grid point for real on the "
                             "prompt, interleaved (slow on a CPU: keep the grid and max new tokens small).")
                 with gr.Row():

@@ -97,6 +97,13 @@ def test_stop_ends_the_run_between_rounds_and_skips_the_rest():
     assert 'data-kind="stop"' in outs[-1][4]
 
 
+def test_releasing_a_slider_re_runs_only_when_asked():
+    skipped = list(app.rerun_on_release(False, *RUN_ARGS))
+    assert len(skipped) == 1 and all(v == app.gr.skip() for v in skipped[0])
+    outs = list(app.rerun_on_release(True, *RUN_ARGS))
+    assert tokens_in(outs[-1][0]) == 32 and 'data-kind="ok"' in outs[-1][4]
+
+
 def test_each_session_has_its_own_stop_switch():
     a, b = SimpleNamespace(session_hash="a"), SimpleNamespace(session_hash="b")
     app.stop_event(a).clear()
@@ -152,7 +159,8 @@ def test_views_draw_every_plot_and_reset_the_learn_slider(last_run):
     out = app.views(traces, "dark")
     figures = out[:5]
     assert all(isinstance(f, go.Figure) and f.data for f in figures)
-    assert figures[0].layout.template.layout.paper_bgcolor != app.views(traces, "light")[0].layout.template.layout.paper_bgcolor
+    light = app.views(traces, "light")[0]
+    assert figures[0].layout.template.layout.paper_bgcolor != light.layout.template.layout.paper_bgcolor
     assert out[5].maximum == len(traces["via"].rounds)
     assert 'data-round="0"' in out[6]
 

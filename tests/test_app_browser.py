@@ -197,3 +197,35 @@ def test_dark_theme_and_presentation_mode(browser, app_url):
     assert size() >= 1.5 * normal, "presentation mode enlarges the tokens"
     page.screenshot(path=str(SHOTS / "10-presentation-dark.png"), full_page=False)
     page.close()
+
+
+@pytest.mark.embedded
+def test_embedded_pair_streams_real_text(browser, tmp_path):
+    """The real Qwen2.5-Coder pair behind the page (run under `flock /tmp/via-sd-heavy.lock`). The app
+    runs in its own process, so no other test of this session may hold the embedded pair then (the
+    `embedded_pair` fixture is first used in files sorted after this one)."""
+    from via_sd.embedded import embedded_ready
+
+    if not embedded_ready():
+        pytest.skip("the embedded pair's cache is not built (python -m via_sd setup)")
+    proc, url = start_app("embedded", tmp_path / "app.log")
+    try:
+        page = open_page(browser, url)
+        page.wait_for_function("document.querySelector('#device').innerText.includes('float32')", timeout=300_000)
+        tokens = page.locator("#max-new-tokens input[type=number]")
+        tokens.fill("24")
+        tokens.press("Enter")
+        page.locator("#prompt textarea").fill("Write a Python function that adds two numbers.")
+        page.locator("#run").click()
+        page.wait_for_selector("#via-tokens .via-tok", timeout=120_000)
+        page.wait_for_selector('#status [data-kind="ok"]', timeout=600_000)
+        via_text = page.locator("#via-tokens .via-sd-tokens").inner_text()
+        sd_text = page.locator("#sd-tokens .via-sd-tokens").inner_text()
+        assert re.search(r"def |add|\+", via_text) and re.search(r"def |add|\+", sd_text), "real text, not gibberish"
+        assert "Qwen2.5-Coder" in page.locator("#device").inner_text()
+        page.wait_for_selector("#confidence-plot .js-plotly-plot")
+        page.screenshot(path=str(SHOTS / "11-embedded-run.png"), full_page=True)
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)

@@ -148,6 +148,16 @@ def test_stream_yields_after_every_round_and_stop_ends_between_rounds(tiny_pair)
     assert "".join(t["text"] for t in trace.tokens) == trace.text
 
 
+def test_draft_stop_shortens_rounds_and_keeps_sd_lossless(tiny_pair):
+    fixed = generate(tiny_pair, "hello world", "sd", config(gamma=6))
+    adaptive = generate(tiny_pair, "hello world", "sd", config(gamma=6, draft_stop=0.9))
+    assert adaptive.token_ids == fixed.token_ids == generate(tiny_pair, "hello world", "ar", config()).token_ids
+    for r in adaptive.rounds:  # drafting stops right after the first unsure draft
+        ps = [c["p_draft"] for c in r["candidates"]]
+        assert all(p >= 0.9 for p in ps[:-1])
+    assert adaptive.summary["drafted"] < fixed.summary["drafted"]
+
+
 def test_max_new_tokens_is_exact(tiny_pair):
     for n in (1, 2, 7, 13):
         for method in ("ar", "sd", "via"):

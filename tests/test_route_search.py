@@ -36,9 +36,15 @@ def calibration(pair, texts):
     return TeacherForced(pair.verifier, texts[0])
 
 
-def test_search_finds_a_route_of_the_requested_ratio_that_never_skips_the_first_or_last_layer(pair, calibration):
-    for ratio, count in [(0.125, 2), (0.25, 4), (0.375, 6)]:
-        route = search_route(pair, ratio, calibration, swaps=2)
+@pytest.fixture(scope="module")
+def searched(pair, calibration):
+    return search_route(pair, 0.25, calibration, name="tiny-s25")
+
+
+def test_search_finds_a_route_of_the_requested_ratio_that_never_skips_the_first_or_last_layer(
+        pair, calibration, searched):
+    for route, ratio, count in [(searched, 0.25, 4), (search_route(pair, 0.375, calibration, objective="kl-per-cost",
+                                                                   swaps=2), 0.375, 6)]:
         assert len(route.skip) == count and route.skip_fraction == ratio
         layers = {int(s.split(".")[1]) for s in route.skip}
         assert layers and 0 not in layers and 7 not in layers
@@ -46,8 +52,8 @@ def test_search_finds_a_route_of_the_requested_ratio_that_never_skips_the_first_
     assert search_route(pair, 0.0, calibration).skip == ()
 
 
-def test_search_beats_random_routes_of_the_same_ratio(pair, calibration, texts):
-    route = search_route(pair, 0.25, calibration)
+def test_search_beats_random_routes_of_the_same_ratio(pair, searched, texts):
+    route = searched
     held_out = TeacherForced(pair.verifier, texts[1])
     searched = held_out.evaluate({sublayer_index(s) for s in route.skip})
     rng = random.Random(0)
@@ -71,9 +77,8 @@ def test_a_resumed_pass_equals_a_fresh_pass_and_the_slim_verifier(pair, calibrat
     pair.set_route("none")
 
 
-def test_a_searched_and_measured_route_round_trips_through_json(pair, calibration, texts, tmp_path):
-    route = measure_route(pair, search_route(pair, 0.25, calibration, name="tiny-s25"),
-                          {"held_out": texts[1]}, repeats=2)
+def test_a_searched_and_measured_route_round_trips_through_json(pair, searched, texts, tmp_path):
+    route = measure_route(pair, searched, {"held_out": texts[1]}, repeats=2)
     path = tmp_path / "tiny-s25.json"
     path.write_text(route.to_json())
     again = resolve_route(str(path), 8)

@@ -25,6 +25,8 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draft-stop", type=float, default=None,
+                        help="end a round's drafting once the drafter's p(x) falls below this (0 = never)")
     parser.add_argument("--accept", type=float, default=None, help="tier A threshold (default: shipped)")
     parser.add_argument("--escalate", type=float, default=None, help="tier C threshold (default: shipped)")
     parser.add_argument("--signal", choices=["slim", "draft"], default=None, help="whose confidence sorts tokens")
@@ -54,7 +56,8 @@ def config_from_args(args):
                             escalate=base.escalate if args.escalate is None else args.escalate,
                             signal=args.signal or base.signal)
     return DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                        top_p=args.top_p, seed=args.seed, thresholds=thresholds, chat=not args.no_chat)
+                        top_p=args.top_p, seed=args.seed, thresholds=thresholds, chat=not args.no_chat,
+                        draft_stop=DecodeConfig.draft_stop if args.draft_stop is None else args.draft_stop)
 
 
 def colored(token: dict) -> str:

@@ -39,6 +39,7 @@ class DecodeConfig:
     top_p: float = 1.0
     seed: int = 0
     thresholds: Thresholds = field(default_factory=Thresholds)
+    draft_stop: float = 0.0  # end the round's drafting early once the drafter's p(x) falls below this
     chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
 
     def __post_init__(self):
@@ -48,6 +49,8 @@ class DecodeConfig:
             raise ValueError(f"max_new_tokens must be from 1 to {MAX_NEW_TOKENS}, got {self.max_new_tokens!r}")
         if not 0.0 <= self.temperature <= 5.0:
             raise ValueError(f"temperature must lie in [0, 5] (0 = greedy), got {self.temperature!r}")
+        if not 0.0 <= self.draft_stop <= 1.0:
+            raise ValueError(f"draft_stop must lie in [0, 1] (0 = always draft gamma tokens), got {self.draft_stop!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if not isinstance(self.thresholds, Thresholds):
@@ -153,6 +156,8 @@ class Decoder:
                 tokens.append(token)
                 dists.append(p)
                 ext.append(token)
+                if float(p[token]) < self.config.draft_stop:  # an unsure drafter wastes the next drafts
+                    break
             return tokens, torch.stack(dists)
 
         return self.timed(rnd, "draft", run) if gamma else ([], None)
