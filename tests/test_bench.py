@@ -232,9 +232,23 @@ def test_cli_bench_and_sweep_write_json_and_print_the_table_last(tmp_path, capsy
     data = json.loads(out.read_text())
     assert data["methods"] == ["ar", "sd", "via"] and data["config"]["gamma"] == 3 and len(data["runs"]) == 6
     printed = capsys.readouterr().out.strip().splitlines()
-    assert any(line.startswith("| VIA-SD |") for line in printed)
+    assert printed[-1].startswith("| VIA-SD |") and printed[-5].startswith("| method |")  # the table comes last
     assert main(["bench", *common, "--sweep", "accept=0.5:0.9:0.4,escalate=0.0:0.2:0.2", "--signals", "draft",
                  "--json", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["kind"] == "sweep" and len(data["points"]) == 4
-    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(("Fastest", "No point"))
+    printed = capsys.readouterr().out.strip().splitlines()
+    assert printed[-1].startswith("| SD |") and any(line.startswith(("Fastest", "No point")) for line in printed)
+
+
+def test_hf_assisted_generation_mirrors_gamma_and_draft_stop_and_matches_ar(pair):
+    drafter_calls = {}
+    for draft_stop in (0.0, 0.9):
+        cfg = DecodeConfig(gamma=4, max_new_tokens=20, chat=False, draft_stop=draft_stop)
+        hf, _ = bench.run_once(pair, "hello world", "hf", cfg)
+        sd, _ = bench.run_once(pair, "hello world", "sd", cfg)
+        assert hf["token_ids"] == generate(pair, "hello world", "ar", cfg).token_ids == sd["token_ids"]
+        assert hf["full_calls"] == sd["full_calls"]  # the same rounds: one verifier pass each
+        drafter_calls[draft_stop] = hf["drafter_calls"]
+    assert drafter_calls[0.9] < drafter_calls[0.0]  # the early stop reached transformers
+    assert pair.drafter.generation_config.assistant_confidence_threshold is None

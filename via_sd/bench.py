@@ -11,7 +11,8 @@ call (prompt encoding and prefill included) with one clock for every method, sin
 `generate` cannot be split into prefill and decode; the engine's decode-only rate is kept as
 `decode_tokens_per_s`. Acceptance statistics are pooled over runs (vLLM's way: accepted length =
 emitted tokens / verification rounds, bonus included). `hf` is
-`verifier.generate(assistant_model=drafter)` with the same draft length and no dynamic early stop.
+`verifier.generate(assistant_model=drafter)` with the same draft length and the same early stop
+(`draft_stop`, transformers' `assistant_confidence_threshold`; off by default).
 
 Python API (the app uses it for small sweeps):
     result = run_bench(pair, prompts, methods=("ar", "sd", "via"), config=DecodeConfig(...), repeats=3)
@@ -221,9 +222,10 @@ def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dic
     gen_cfg = pair.drafter.generation_config
     keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     saved = {k: getattr(gen_cfg, k, None) for k in keys}
-    # transformers reads the draft length from the assistant's config; 0 turns off its early stop
+    # transformers reads the draft length from the assistant's config; its confidence threshold
+    # ends drafting early as the engine's draft_stop does (0 = off)
     gen_cfg.num_assistant_tokens, gen_cfg.num_assistant_tokens_schedule = config.gamma, "constant"
-    gen_cfg.assistant_confidence_threshold = 0.0
+    gen_cfg.assistant_confidence_threshold = float(getattr(config, "draft_stop", 0.0))
     calls = {"drafter": 0, "full": 0}
 
     def counter(name):
@@ -717,19 +719,55 @@ def _f(value, fmt="{:.2f}", none="–"):
 
 
 def markdown(result: dict) -> str:
-    """The bench result as markdown: summary, per task, targets, where the time goes, projection."""
+    """The bench result as markdown: per task, per position, where the time goes, projection,
+    targets, and the summary table last."""
     s, cfg = result["summary"], result["config"]
-    th = cfg["thresholds"]
-    lines = [f"**{result['models']['drafter']} → {result['models']['verifier']}**, route "
-             f"`{result['models']['route']}` ({len(result['models']['skipped'])} sub-layers skipped), "
-             f"{result['machine']['device']} {result['machine']['dtype']}, gamma {cfg['gamma']}, "
-             f"{cfg['max_new_tokens']} new tokens, temperature {cfg['temperature']}, thresholds accept "
-             f"{th['accept']} / escalate {th['escalate']} (signal {th['signal']}), {len(result['prompts'])} prompts × "
-             f"{result['repeats']} repeats; medians, speed-ups from paired runs.", "",
-             "| method | tokens/s | × AR | × SD | accepted length | rejection rate | full calls / token | "
-             "tiers draft/slim/full | agreement | Δ log-prob vs AR | same output as AR | peak memory (MiB) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for m in result["methods"]:
+    th, methods = cfg["thresholds"], result["methods"]
+    lines = []
+    tasks = [t for t in s[methods[0]] if t != "all"]
+    if len(tasks) > 1:
+        both, hf = "via" in methods and "sd" in methods, "sd" in methods and "hf" in methods
+        lines += ["| task | " + " | ".join(f"{NAMES[m]} tokens/s" for m in methods)
+                  + (" | VIA-SD × SD | VIA-SD agreement" if both else "") + (" | SD × HF" if hf else "") + " |",
+                  "|---|" + "---|" * (len(methods) + 2 * both + hf)]
+        for t in tasks:
+            row = [_f(s[m][t]["tokens_per_s"]) for m in methods]
+            if both:
+                row += [_f(s["via"][t]["speedup_vs_sd"], "{:.2f}×"), _f(s["via"][t]["agreement"], "{:.3f}")]
+            if hf:
+                row.append(_f(_ratio([r for r in result["runs"] if r["task"] == t], "sd", "hf"), "{:.2f}×"))
+            lines.append(f"| {t} | " + " | ".join(row) + " |")
+        lines.append("")
+    if any(s[m]["all"]["acceptance_by_position"] for m in methods):
+        lines += ["Per-position acceptance (share of drafts at position k kept):", "",
+                  "| method | " + " | ".join(f"k={k}" for k in range(1, cfg["gamma"] + 1)) + " |",
+                  "|---|" + "---|" * cfg["gamma"]]
+        for m in methods:
+            acc = s[m]["all"]["acceptance_by_position"]
+            if acc and any(v is not None for v in acc):
+                lines.append(f"| {NAMES[m]} | " + " | ".join(_f(v) for v in acc) + " |")
+        lines.append("")
+    lines += [*_time_md(result), ""]
+    if result.get("projection"):
+        p = result["projection"]
+        lines += [f"**Projected** ({p['label']}):", "", "| method | projected tokens/s | × AR | × SD |",
+                  "|---|---|---|---|"]
+        for m, v in p["summary"].items():
+            lines.append(f"| {NAMES.get(m, m)} | {_f(v['tokens_per_s'], '{:.1f}')} | "
+                         f"{_f(v['speedup_vs_ar'], '{:.2f}×')} | {_f(v['speedup_vs_sd'], '{:.2f}×')} |")
+        lines += [f"- {n}" for n in p["notes"]] + [""]
+    lines += [*_targets_md(result), ""]
+    lines += [f"**{result['models']['drafter']} → {result['models']['verifier']}**, route "
+              f"`{result['models']['route']}` ({len(result['models']['skipped'])} sub-layers skipped), "
+              f"{result['machine']['device']} {result['machine']['dtype']}, gamma {cfg['gamma']}, "
+              f"{cfg['max_new_tokens']} new tokens, temperature {cfg['temperature']}, thresholds accept "
+              f"{th['accept']} / escalate {th['escalate']} (signal {th['signal']}), {len(result['prompts'])} "
+              f"prompt(s) × {result['repeats']} repeat(s); medians, speed-ups from paired runs; peak memory: "
+              f"{s[methods[0]]['all']['peak_memory_kind']}.", "",
+              "| method | tokens/s | × AR | × SD | accepted length | rejection rate | full calls / token | "
+              "tiers draft/slim/full | agreement | Δ log-prob vs AR | same output as AR | peak memory (MiB) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for m in methods:
         a = s[m]["all"]
         tiers = "/".join(f"{100 * a['tier_shares'][t]:.0f}%" for t in ("draft", "slim", "full")) \
             if a["tier_shares"] else "–"
@@ -738,43 +776,6 @@ def markdown(result: dict) -> str:
                      f"{_f(a['rejection_rate'])} | {_f(a['full_calls_per_token'])} | {tiers} | "
                      f"{_f(a['agreement'], '{:.3f}')} | {_f(a['logprob_delta_vs_ar'], '{:+.3f}')} | "
                      f"{_f(a['identical_to_ar'], '{:.0%}')} | {_f(a['peak_memory_mb'], '{:.0f}')} |")
-    kind = s[result["methods"][0]]["all"]["peak_memory_kind"]
-    lines += ["", f"Peak memory: {kind}."]
-    tasks = [t for t in s[result["methods"][0]] if t != "all"]
-    if len(tasks) > 1:
-        cols = [m for m in result["methods"]]
-        lines += ["", "| task | " + " | ".join(f"{NAMES[m]} tokens/s" for m in cols)
-                  + (" | VIA-SD × SD | VIA-SD agreement" if "via" in cols and "sd" in cols else "")
-                  + (" | SD × HF" if "sd" in cols and "hf" in cols else "") + " |",
-                  "|---|" + "---|" * (len(cols) + 2 * ("via" in cols and "sd" in cols)
-                                      + ("sd" in cols and "hf" in cols))]
-        for t in tasks:
-            row = [_f(s[m][t]["tokens_per_s"]) for m in cols]
-            if "via" in cols and "sd" in cols:
-                row += [_f(s["via"][t]["speedup_vs_sd"], "{:.2f}×"), _f(s["via"][t]["agreement"], "{:.3f}")]
-            if "sd" in cols and "hf" in cols:
-                context = [r for r in result["runs"] if r["task"] == t]
-                row.append(_f(_ratio(context, "sd", "hf"), "{:.2f}×"))
-            lines.append(f"| {t} | " + " | ".join(row) + " |")
-    if any(s[m]["all"]["acceptance_by_position"] for m in result["methods"]):
-        gamma = cfg["gamma"]
-        lines += ["", "Per-position acceptance (share of drafts at position k kept):", "",
-                  "| method | " + " | ".join(f"k={k}" for k in range(1, gamma + 1)) + " |",
-                  "|---|" + "---|" * gamma]
-        for m in result["methods"]:
-            acc = s[m]["all"]["acceptance_by_position"]
-            if acc and any(v is not None for v in acc):
-                lines.append(f"| {NAMES[m]} | " + " | ".join(_f(v) for v in acc) + " |")
-    lines += ["", *_targets_md(result)]
-    lines += ["", *_time_md(result)]
-    if result.get("projection"):
-        p = result["projection"]
-        lines += ["", f"**Projected** ({p['label']}):", "", "| method | projected tokens/s | × AR | × SD |",
-                  "|---|---|---|---|"]
-        for m, v in p["summary"].items():
-            lines.append(f"| {NAMES.get(m, m)} | {_f(v['tokens_per_s'], '{:.1f}')} | "
-                         f"{_f(v['speedup_vs_ar'], '{:.2f}×')} | {_f(v['speedup_vs_sd'], '{:.2f}×')} |")
-        lines += [f"- {n}" for n in p["notes"]]
     return "\n".join(lines)
 
 
@@ -782,9 +783,9 @@ def _targets_md(result: dict) -> list[str]:
     t, out = result["targets"], ["Targets:"]
     if "sd_vs_hf" in t:
         x = t["sd_vs_hf"]
+        output = {True: "identical", False: "DIFFERENT", None: "sampled (not compared)"}[x["identical_output"]]
         out.append(f"- SD vs HF assisted generation: {_f(x['speed_ratio'], '{:.2f}×')} (target ≥ 1.00×), output "
-                   f"{ {True: 'identical', False: 'DIFFERENT', None: 'sampled (not compared)'}[x['identical_output']]} — "
-                   f"{'met' if x['met'] else 'MISSED'}")
+                   f"{output} — {'met' if x['met'] else 'MISSED'}")
     if "via_vs_sd" in t:
         x = t["via_vs_sd"]
         missed = ", ".join(k for k, v in x["parts"].items() if not v)
@@ -827,13 +828,21 @@ def _time_md(result: dict) -> list[str]:
     return out
 
 
+def _best_md(b: dict | None) -> str:
+    if b is None:
+        return f"No point reached agreement ≥ {FIDELITY_TARGET}."
+    return (f"Fastest with agreement ≥ {FIDELITY_TARGET}: route {b['route']}, signal {b['signal']}, accept "
+            f"{b['accept']:.2f}, escalate {b['escalate']:.2f}: {_f(b['speedup'], '{:.2f}×')} SD, agreement "
+            f"{b['fidelity']:.3f}.")
+
+
 def markdown_sweep(sweep: dict) -> str:
     cfg = sweep["config"]
     sd = sweep["sd"]
     lines = [f"Threshold sweep: {len(sweep['prompts'])} prompts × {sweep['repeats']} repeats, gamma {cfg['gamma']}, "
              f"{cfg['max_new_tokens']} new tokens; speed-up = median paired tokens/s ratio over plain SD "
              f"({_f(sd['tokens_per_s'])} tokens/s, agreement {_f(sd['fidelity'], '{:.3f}')}); fidelity = full-model "
-             "top-1 agreement. ★ = on the speed-up vs fidelity frontier.", "",
+             "top-1 agreement. ★ = on the speed-up vs fidelity frontier.", "", _best_md(sweep["best"]), "",
              "| route | signal | accept | escalate | × SD | agreement | rejection rate | accepted length | "
              "full calls / token | slim calls / token | tiers draft/slim/full | frontier |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -845,10 +854,6 @@ def markdown_sweep(sweep: dict) -> str:
                      f"{_f(p['slim_calls_per_token'])} | {tiers} | {'★' if p['pareto'] else ''} |")
     lines.append(f"| SD | – | – | – | 1.00× | {_f(sd['fidelity'], '{:.3f}')} | {_f(sd['rejection_rate'])} | "
                  f"{_f(sd['mean_accepted_length'])} | – | – | – | |")
-    b = sweep["best"]
-    lines += ["", (f"Fastest with agreement ≥ {FIDELITY_TARGET}: route {b['route']}, signal {b['signal']}, accept "
-                   f"{b['accept']:.2f}, escalate {b['escalate']:.2f}: {_f(b['speedup'], '{:.2f}×')} SD, agreement "
-                   f"{b['fidelity']:.3f}." if b else f"No point reached agreement ≥ {FIDELITY_TARGET}.")]
     return "\n".join(lines)
 
 
@@ -918,3 +923,4 @@ def cmd_bench(args) -> int:
         Path(args.markdown).write_text(text + "\n", encoding="utf-8")
     print(text)
     return 0
+

@@ -11,21 +11,26 @@ The search, and why this one. Exhaustive search is out of reach (C(52, 25) route
 verifier), and Bayesian optimisation over subsets needs hundreds of full evaluations before its
 surrogate models the interactions between skips. Ranking sub-layers one at a time ignores those
 interactions (skips that are harmless alone hurt together). Greedy elimination measures each step
-with the earlier skips already in place, so it sees interactions, but a plain greedy step measures
-every remaining sub-layer: O(L^2) teacher-forced passes, hours on a CPU. We keep the greedy step
-and cut its cost three ways:
+with the earlier skips in place, so it sees interactions, but a plain greedy step measures every
+remaining sub-layer: O(L^2) teacher-forced passes, hours on a CPU. We keep the greedy choice and
+cut its cost three ways:
 
-1. Screening: each step ranks the remaining sub-layers by block influence, 1 - cos(h, h + f(h)),
-   under the current route (the ShortGPT measure, read off the pass we already ran) and measures
-   only the `candidates` most promising exactly.
+1. Lazy greedy (Minoux): every sub-layer is measured once, skipped alone on top of the start route
+   (that is the one-at-a-time ranking); each step then re-measures only the sub-layers with the
+   smallest stale harm, at most `candidates` of them, and stops early once the best fresh harm is
+   no larger than the next stale one (harms mostly grow as more is skipped, so a stale harm is an
+   optimistic bound). Screening by block influence 1 - cos(h, h + f(h)) (ShortGPT) was tried first
+   and discarded: on the embedded 1.5B it screened out the sub-layers that hurt least.
 2. Shared prefix: a candidate at sub-layer k changes nothing before k, so its pass starts from the
-   recorded hidden state entering k; the winner's recorded states and influences become the next
-   step's, so a step costs `candidates` partial passes and nothing else.
-3. Local swaps: at the target ratio, swap a skipped sub-layer for a kept one while that lowers the
-   KL (a few evaluations), which repairs greedy choices that later steps made costly.
+   recorded hidden state entering k; the winner's recorded states become the next step's.
+3. Local swaps: at each target ratio, swap a skipped sub-layer for a kept one of the same kind
+   (attention for attention, MLP for MLP, so the cost stays put) while that lowers the KL.
 
-One greedy run passes through every smaller ratio, so a search can start from a smaller route
-(`start=` / `--from`) and a whole curve costs about one search to its largest ratio.
+Objectives: "kl" skips what raises KL least; "kl-per-cost" what raises it least per share of the
+weights saved (an MLP of a Qwen-style layer holds 7x the weights of its attention, so the pure KL
+objective fills low ratios with cheap-to-skip attention that saves little time).
+One greedy run passes through every smaller ratio, so a whole curve (`search_curve`, `--curve`)
+costs about one search to its largest ratio.
 
 The files this writes (assets/routes/NAME.json) carry the model, the skipped sub-layers, the
 calibration and held-out agreement and KL, the measured cost of a slim forward relative to a full
@@ -61,11 +66,10 @@ HELD_OUT_PROMPTS = [("code", 2), ("math", 1), ("qa", 1), ("translation", 1), ("s
 CALIBRATION_TOKENS, HELD_OUT_TOKENS = 48, 64
 OBJECTIVES = {"kl": "the least KL(full || slim)",
               "kl-per-cost": "the least KL(full || slim) added per unit of weights saved"}
-METHOD = ("greedy elimination on calibration text, each step skipping the sub-layer that gives {objective}; a step "
-          "screens the remaining sub-layers by block influence 1 - cos(h, h + f(h)) under the current route and "
-          "measures the {k} most promising exactly, each pass starting from the recorded hidden state entering the "
-          "candidate; then local swaps of the same kind (attention for attention, MLP for MLP; up to {s} "
-          "evaluations). Training-free.")
+METHOD = ("lazy greedy elimination on calibration text: each step skips the sub-layer that gives {objective}, "
+          "re-measuring at most {k} candidates in order of their last measured harm (every sub-layer measured "
+          "alone first), each pass starting from the recorded hidden state entering the candidate; then local "
+          "swaps of the same kind (attention for attention, MLP for MLP; up to {s} evaluations). Training-free.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,13 +245,12 @@ def default_texts(pair, progress=None, save_to: Path | None = None) -> tuple[Cal
 @dataclass
 class Pass:
     """One teacher-forced pass under a route: its distance from the full verifier and, if recorded,
-    the hidden state entering every sub-layer and each kept sub-layer's block influence."""
+    the hidden state entering every sub-layer (per sequence)."""
 
     skip: frozenset
     kl: float
     agreement: float
     states: list | None = None
-    influence: dict | None = None
 
 
 class TeacherForced:
@@ -274,7 +277,7 @@ class TeacherForced:
         if "sliding_attention" in view.layer_types:
             masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
         # logits at position t predict token t+1: the scored tokens start..end are predicted from start-1..end-1
-        return SimpleNamespace(h=h, masks=masks, position_ids=position_ids, tokens=len(seq),
+        return SimpleNamespace(h=h, masks=masks, position_ids=position_ids,
                                position_embeddings=view.base.rotary_emb(h, position_ids),
                                scored=torch.arange(start - 1, len(seq) - 1, device=h.device))
 
@@ -290,7 +293,7 @@ class TeacherForced:
     @torch.inference_mode()
     def _log_probs(self, skip: frozenset, start: int, base: Pass | None, record: bool):
         """Runs sub-layers start.. (skipping `skip`) from base's recorded state; log-probs at the scored positions."""
-        finals, states, influence = [], [], {}
+        finals, states = [], []
         for i, x in enumerate(self.inputs):
             h = base.states[i][start] if start else x.h
             seq_states = list(base.states[i][:start]) if record and start else []
@@ -299,11 +302,7 @@ class TeacherForced:
                     seq_states.append(h)
                 if k in skip:
                     continue
-                out = self._sublayer(k, h, x)
-                if record:
-                    cos = torch.nn.functional.cosine_similarity(h.float(), out.float(), dim=-1)
-                    influence[k] = influence.get(k, 0.0) + float((1.0 - cos).sum())
-                h = out
+                h = self._sublayer(k, h, x)
             finals.append(h[0, x.scored.to(h.device)])
             states.append(seq_states)
         head = self.view.lm_head
@@ -311,11 +310,7 @@ class TeacherForced:
         logp = torch.log_softmax(head(h.to(head.weight.device)).float(), dim=-1)
         if self.full_logp is not None:
             logp = logp.to(self.full_logp.device)
-        total = sum(x.tokens for x in self.inputs)
-        influence = {k: v / total for k, v in influence.items()}
-        if record and start:  # sub-layers before `start` saw the same input as in `base`
-            influence = {**{k: v for k, v in base.influence.items() if k < start and k not in skip}, **influence}
-        return logp, (states if record else None), (influence if record else None)
+        return logp, (states if record else None)
 
     def evaluate(self, skip, start: int = 0, base: Pass | None = None, record: bool = False) -> Pass:
         """KL(full || slim) and top-1 agreement under a route that skips `skip` (sub-layer indices).
@@ -326,11 +321,11 @@ class TeacherForced:
         skip = frozenset(skip)
         if start and (base is None or base.states is None):
             raise ValueError("resuming a pass at a sub-layer needs a recorded base pass")
-        logp, states, influence = self._log_probs(skip, start, base, record)
+        logp, states = self._log_probs(skip, start, base, record)
         # tokens the full verifier never picks (p = 0, e.g. a masked logit) add nothing, not 0 * inf
         kl = float(torch.where(self.full_p > 0, self.full_p * (self.full_logp - logp), 0.0).sum(-1).mean())
         agreement = float((logp.argmax(-1) == self.full_top1).float().mean())
-        return Pass(skip, kl, agreement, states, influence)
+        return Pass(skip, kl, agreement, states)
 
 
 def _report(progress, message: str, fraction: float) -> None:
@@ -345,103 +340,128 @@ def _stopped(stop) -> bool:
 # ---------------------------------------------------------------------------------------------
 # The search
 
-def search_route(pair, skip_ratio: float, calibration, *, start=None, objective: str = "kl", candidates: int = 4,
-                 swaps: int = 8, name: str | None = None, progress=None, stop=None) -> Route:
-    """The route of `skip_ratio` whose slim verifier stays closest to the full one on `calibration`.
+def search_route(pair, skip_ratio: float, calibration, *, name: str | None = None, **options) -> Route:
+    """The route of `skip_ratio` whose slim verifier stays closest to the full one on `calibration`
+    (options: see `search_curve`)."""
+    return search_curve(pair, [skip_ratio], calibration, names=[name] if name else None, **options)[-1]
 
-    `objective`: "kl" picks, at each greedy step, the sub-layer whose skip raises KL the least; "kl-per-cost"
-    the one that raises it least per unit of compute saved (its share of the weights), which trades a few
-    harmless attention skips for MLP skips that save 7x more on a Qwen-style layer.
+
+def search_curve(pair, ratios, calibration, *, start=None, objective: str = "kl", candidates: int = 4,
+                 swaps: int = 8, names=None, progress=None, stop=None) -> list[Route]:
+    """One lazy-greedy search through several skip ratios; a route for each, smallest ratio first.
+
     `calibration`: a Calibration or a TeacherForced built on one (reuse it across searches).
-    `start`: a smaller route to continue from (greedy passes through it anyway).
-    `candidates`: sub-layers measured exactly per greedy step; `swaps`: evaluations spent on local swaps.
-    `progress(message, fraction)` is told about every evaluation; `stop` (anything with `is_set()`) or
-    Ctrl-C ends the search early and returns the best route so far (meta "stopped": true).
+    `objective`: "kl" skips, at each step, the sub-layer whose skip raises KL the least; "kl-per-cost"
+    the one that raises it least per share of the weights it saves.
+    `start`: a route to start from (its sub-layers stay skipped, except through swaps).
+    `candidates`: the most sub-layers re-measured per step; `swaps`: evaluations spent on local swaps per ratio.
+    `progress(message, fraction)` hears about every evaluation; `stop` (anything with `is_set()`) or Ctrl-C
+    ends the search early: the last route returned is then the route so far (meta "stopped": true).
     """
     verifier = pair.verifier
     n = verifier.config.num_hidden_layers
-    target = skip_count(n, skip_ratio)
+    ratios = sorted(ratios)
+    targets = [skip_count(n, r) for r in ratios]
+    names = list(names) if names else [f"s{round(100 * r):02d}" for r in ratios]
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}: use one of {', '.join(OBJECTIVES)}")
     if candidates < 1 or swaps < 0:
         raise ValueError("candidates must be at least 1 and swaps at least 0")
     begin = resolve_route(start, n) if start is not None else Route("none", (), n)
-    if len(begin.skip) > target:
+    if len(begin.skip) > targets[0]:
         raise ValueError(f"the starting route {begin.name!r} already skips {len(begin.skip)} sub-layers, "
-                         f"more than the {target} that ratio {skip_ratio} asks for")
+                         f"more than the {targets[0]} that ratio {ratios[0]} asks for")
     t0 = time.perf_counter()
     tf = calibration if isinstance(calibration, TeacherForced) else TeacherForced(verifier, calibration)
     sizes, _ = sublayer_sizes(verifier)
-    per_cost = {k: sizes[k] / max(sizes) for k in skippable(n)} if objective == "kl-per-cost" else None
+    weight = {k: sizes[k] / max(sizes) if objective == "kl-per-cost" else 1.0 for k in skippable(n)}
     current = tf.evaluate(_skip_set(begin), record=True)
-    planned = (target - len(current.skip)) * candidates + swaps
-    done, steps, harm, accepted, stopped = 0, [], {}, [], False
+    remaining = [k for k in skippable(n) if k not in current.skip]
+    planned = len(remaining) + (targets[-1] - len(current.skip)) * candidates + swaps * len(ratios)
+    harm = {}  # KL added by each sub-layer, as last measured (stale for all but the latest step)
+    added = {}  # KL each skipped sub-layer added when it was chosen
+    done, steps, accepted, routes = 0, [], [], []
 
     def tell(message: str) -> None:
         _report(progress, f"route search: {message}", done / max(planned, 1))
 
-    def screen(sublayers) -> list[int]:
-        """Most promising first: least block influence (per unit of saved weights for kl-per-cost)."""
-        return sorted(sublayers, key=lambda k: current.influence[k] / (per_cost[k] if per_cost else 1.0))
+    def measure(skip, at: int, base: Pass) -> Pass:
+        """A recorded pass under `skip`, resumed from base's state entering sub-layer `at`."""
+        nonlocal done
+        if _stopped(stop):
+            raise KeyboardInterrupt
+        done += 1
+        return tf.evaluate(skip, start=at, base=base, record=True)
+
+    def priority(k: int) -> float:
+        return harm[k] / weight[k]
+
+    def route(name: str, ratio: float, stopped: bool) -> Route:
+        meta = {"skip_ratio": ratio,
+                "calibration": {"source": tf.texts.source, "sequences": len(tf.texts.sequences),
+                                "scored_tokens": tf.texts.scored_tokens,
+                                "top1_agreement": round(current.agreement, 4), "kl": round(current.kl, 5)},
+                "method": METHOD.format(objective=OBJECTIVES[objective], k=candidates, s=swaps),
+                "search": {"objective": objective, "candidates_per_step": candidates, "swap_budget": swaps,
+                           "swaps_accepted": list(accepted), "evaluations": done,
+                           "seconds": round(time.perf_counter() - t0, 1), "device": device_name(tf.view.device),
+                           "started_from": list(begin.skip), "greedy_steps": list(steps), "stopped": stopped},
+                "model": model_identity(pair)}
+        return Route(name, _names(current.skip), n, meta)
 
     try:
-        while len(current.skip) < target:
-            if _stopped(stop):
-                raise KeyboardInterrupt
-            best, best_score = None, None
-            for k in screen(k for k in skippable(n) if k not in current.skip)[:candidates]:
-                trial = tf.evaluate(current.skip | {k}, start=k, base=current, record=True)
-                done += 1
-                score = (trial.kl - current.kl) / per_cost[k] if per_cost else trial.kl
-                tell(f"{len(current.skip) + 1}/{target} skipped, tried {sublayer_name(k)}: KL {trial.kl:.4f}, "
-                     f"agreement {trial.agreement:.3f}")
-                if best is None or score < best_score:
-                    best, best_score, chosen = trial, score, k
-                if _stopped(stop):
-                    raise KeyboardInterrupt
-            harm[chosen] = best.kl - current.kl
-            current = best
-            steps.append({"skip": sublayer_name(chosen), "kl": round(best.kl, 5),
-                          "agreement": round(best.agreement, 4)})
-            tell(f"step {len(current.skip)}/{target}: skip {sublayer_name(chosen)} -> KL {best.kl:.4f}, "
-                 f"agreement {best.agreement:.3f}")
-        # local swaps keep the kind (attention for attention, MLP for MLP), so the route's cost stays put
-        def swap_pairs():
-            for out in sorted(current.skip, key=lambda k: -harm.get(k, 0.0)):  # the costliest choices first
-                for inn in screen(k for k in skippable(n) if k not in current.skip and k % 2 == out % 2)[:2]:
-                    yield out, inn
-
-        while True:
-            found = None
-            for out, inn in swap_pairs():
-                if done >= planned or _stopped(stop):
-                    break
-                trial = tf.evaluate(current.skip - {out} | {inn}, start=min(out, inn), base=current, record=True)
-                done += 1
-                tell(f"swap {sublayer_name(out)} -> {sublayer_name(inn)}: KL {trial.kl:.4f} (now {current.kl:.4f})")
-                if trial.kl < current.kl - 1e-6:
-                    found = (out, inn, trial)
-                    break
-            if found is None:
-                break
-            out, inn, trial = found
-            harm[inn] = harm.pop(out, 0.0) + trial.kl - current.kl
-            accepted.append(f"{sublayer_name(out)} -> {sublayer_name(inn)}")
-            current = trial
+        if len(current.skip) < targets[-1]:
+            for k in remaining:  # every sub-layer once, alone on top of the start route
+                harm[k] = measure(current.skip | {k}, k, current).kl - current.kl
+                tell(f"measured {sublayer_name(k)} alone: KL +{harm[k]:.4f}")
+        for target, ratio, name in zip(targets, ratios, names):
+            while len(current.skip) < target:
+                best = None
+                for k in sorted(harm, key=priority)[:candidates]:
+                    if best is not None and priority(chosen) <= priority(k):
+                        break  # the stale harms left can only be larger once re-measured
+                    trial = measure(current.skip | {k}, k, current)
+                    harm[k] = trial.kl - current.kl
+                    tell(f"{len(current.skip) + 1}/{targets[-1]} skipped, tried {sublayer_name(k)}: KL {trial.kl:.4f}")
+                    if best is None or priority(k) < priority(chosen):
+                        best, chosen = trial, k
+                added[chosen] = harm.pop(chosen)
+                current = best
+                steps.append({"skip": sublayer_name(chosen), "kl": round(current.kl, 5),
+                              "agreement": round(current.agreement, 4)})
+                tell(f"step {len(current.skip)}/{targets[-1]}: skip {sublayer_name(chosen)} -> KL {current.kl:.4f}, "
+                     f"agreement {current.agreement:.3f}")
+            current = _local_swaps(current, added, harm, priority, swaps, measure, tell, accepted)
+            routes.append(route(name, ratio, stopped=False))
     except KeyboardInterrupt:
-        stopped = True
         tell(f"stopped: keeping the route so far ({len(current.skip)} sub-layers)")
-    meta = {"skip_ratio": skip_ratio,
-            "calibration": {"source": tf.texts.source, "sequences": len(tf.texts.sequences),
-                            "scored_tokens": tf.texts.scored_tokens, "top1_agreement": round(current.agreement, 4),
-                            "kl": round(current.kl, 5)},
-            "method": METHOD.format(objective=OBJECTIVES[objective], k=candidates, s=swaps),
-            "search": {"objective": objective, "candidates_per_step": candidates, "swap_budget": swaps,
-                       "swaps_accepted": accepted, "evaluations": done,
-                       "seconds": round(time.perf_counter() - t0, 1), "device": device_name(tf.view.device),
-                       "started_from": list(begin.skip), "greedy_steps": steps, "stopped": stopped},
-            "model": model_identity(pair)}
-    return Route(name or f"s{round(100 * skip_ratio):02d}", _names(current.skip), n, meta)
+        routes.append(route(names[len(routes)], len(current.skip) / (2 * n), stopped=True))
+    return routes
+
+
+def _local_swaps(current: Pass, added: dict, harm: dict, priority, budget: int, measure, tell, accepted: list) -> Pass:
+    """Swaps a skipped sub-layer for a kept one of the same kind while that lowers the KL (first improvement)."""
+    tried, seen = 0, {current.skip}
+    while tried < budget:
+        pairs = [(out, inn) for out in sorted(current.skip, key=lambda k: -added.get(k, 0.0))  # costliest first
+                 for inn in sorted((k for k in harm if k % 2 == out % 2), key=priority)[:2]
+                 if current.skip - {out} | {inn} not in seen]
+        for out, inn in pairs[:budget - tried]:
+            seen.add(current.skip - {out} | {inn})
+            trial = measure(current.skip - {out} | {inn}, min(out, inn), current)
+            tried += 1
+            tell(f"swap {sublayer_name(out)} -> {sublayer_name(inn)}: KL {trial.kl:.4f} (now {current.kl:.4f})")
+            if trial.kl < current.kl - 1e-6:
+                out_added = added.pop(out, 0.0)
+                added[inn] = out_added + trial.kl - current.kl
+                del harm[inn]
+                harm[out] = out_added  # a candidate again, last measured by what it added
+                accepted.append(f"{sublayer_name(out)} -> {sublayer_name(inn)}")
+                current = trial
+                break
+        else:
+            break
+    return current
 
 
 def rank_one_at_a_time(pair, calibration, progress=None, stop=None) -> list[dict]:
@@ -727,7 +747,9 @@ def cmd_route(args) -> int:
     print(HEADER)
     if args.measure:  # re-measure an existing route (e.g. a hand-written one) and write it with numbers
         route = measure_route(pair, args.measure, {"calibration": cal_tf, "held_out": held_tf}, **measure)
-        write(route, Path(args.out or args.measure))
+        from .routing import shipped_routes
+
+        write(route, Path(args.out) if args.out else shipped_routes().get(args.measure, Path(args.measure)))
         return 0
     if args.baseline:
         ranking = rank_one_at_a_time(pair, cal_tf, progress)
@@ -736,21 +758,20 @@ def cmd_route(args) -> int:
             route = measure_route(pair, route, {"calibration": cal_tf, "held_out": held_tf}, **measure)
             write(route, Path(args.out_dir or BASELINE_DIR) / f"{route.name}.json")
         return 0
-    start = args.start
-    for r in sorted(ratios):
-        name = Path(args.out).stem if args.out and not args.curve else f"{args.prefix}-s{round(100 * r):02d}"
-        route = search_route(pair, r, cal_tf, start=start, objective=args.objective, candidates=args.candidates,
-                             swaps=args.swaps, name=name, progress=progress)
-        path = Path(args.out) if args.out and not args.curve else Path(args.out_dir or ROUTES_DIR) / f"{name}.json"
+    ratios = sorted(ratios)
+    single = args.out and not args.curve
+    names = [Path(args.out).stem] if single else [f"{args.prefix}-s{round(100 * r):02d}" for r in ratios]
+    routes = search_curve(pair, ratios, cal_tf, start=args.start, objective=args.objective,
+                          candidates=args.candidates, swaps=args.swaps, names=names, progress=progress)
+    for route in routes:
+        path = Path(args.out) if single else Path(args.out_dir or ROUTES_DIR) / f"{route.name}.json"
         if route.meta["search"]["stopped"]:
             write(route, path)
             progress("stopped early: the route above has fewer sub-layers than asked and no held-out numbers", 1.0)
             return 130
         route = measure_route(pair, route, {"held_out": held_tf}, **measure)
-        route = Route(route.name, route.skip, n, {**route.meta, "made": {
-            "by": "python -m via_sd route", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}})
-        write(route, path)
-        start = route
+        made = {"by": "python -m via_sd route", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d")}
+        write(Route(route.name, route.skip, n, {**route.meta, "made": made}), path)
     return 0
 
 
