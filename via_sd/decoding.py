@@ -139,12 +139,6 @@ class Decoder:
         rnd.phase_ms[phase] += self.clock.ms() - start
         return out
 
-    def prefill(self, seq: list[int], models: list[CachedModel]) -> None:
-        """The models every round needs read the prompt (all but its last token) up front."""
-        if len(seq) > 1:
-            for model in models:
-                model.logits(seq, len(seq) - 1, 1)
-
     def draft(self, seq: list[int], gamma: int, rnd: Round) -> tuple[list[int], torch.Tensor]:
         """The drafter proposes `gamma` tokens one by one; returns them and their distributions p."""
 
@@ -314,9 +308,9 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
         wall = clock.ms() - start - paused
         return {**summarize(trace.tokens, trace.rounds, prefill_ms, wall), "prompt_tokens": len(prompt_ids), **extra}
 
-    dec.prefill(seq, {"ar": [dec.full], "sd": [dec.drafter, dec.full],
-                      "via": [dec.drafter] + ([dec.slim] if config.thresholds.signal == "slim" else [])}[method])
-    prefill_ms = clock.ms() - start
+    # No separate prefill: each model reads the prompt with its first call of the first round, so the
+    # prompt costs no extra forward pass (its time is part of round 0; prefill_ms stays 0).
+    prefill_ms = 0.0
     stopped = False
     while True:
         if stop is not None and stop.is_set():

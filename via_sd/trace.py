@@ -78,7 +78,8 @@ class Trace:
 
 
 def summarize(tokens: list[dict], rounds: list[dict], prefill_ms: float, wall_ms: float) -> dict:
-    """The summary block; `tokens_per_s` counts decode time (wall minus prefill)."""
+    """The summary block; `tokens_per_s` counts decode time (wall minus prefill; the engine folds
+    prompt processing into round 0, so its prefill_ms is 0 and round 0 carries the prompt's cost)."""
     candidates = [c for r in rounds for c in r["candidates"]]
     kept = sum(c["decision"] in KEPT_DECISIONS for c in candidates)
     n = len(tokens)
