@@ -200,7 +200,9 @@ def test_projection_prices_each_recorded_forward_call(result):
     for run in (r for r in result["runs"] if r["method"] == "ar"):
         p = next(p for p in proj["runs"] if (p["method"], p["prompt_index"], p["repeat"]) ==
                  ("ar", run["prompt_index"], run["repeat"]))
-        assert p["ms"] == pytest.approx(full(run["prompt_tokens"] - 1) + 10.0 * run["new_tokens"])
+        # AR: the first call reads the prompt, then one token per call
+        assert run["call_lengths"]["full"] == [run["prompt_tokens"]] + [1] * (run["new_tokens"] - 1)
+        assert p["ms"] == pytest.approx(full(run["prompt_tokens"]) + 10.0 * (run["new_tokens"] - 1))
     assert set(proj["summary"]) == {"ar", "sd", "via"} and "projected" in proj["label"]
     assert proj["summary"]["ar"]["speedup_vs_ar"] == 1.0
     assert bench.project(result, {**costs, "routes": {"r": ["attn.2"]}})["notes"]  # unknown route: said, not guessed

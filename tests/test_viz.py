@@ -328,7 +328,9 @@ def test_latency_figure_has_one_row_per_method_and_every_phase(traces):
         full_rounds = sum(y == name for y in full.y)
         assert full_rounds == sum(r["full_called"] and r["full_ms"] > 0 for r in trace.rounds)
     assert "ms" in fig.layout.xaxis.title.text
-    assert {b.name for b in fig.data} >= {"drafter", "full model", "prefill (prompt)"}
+    # the engine reads the prompt inside round 0 (prefill_ms == 0), so no prefill bar is drawn
+    assert {b.name for b in fig.data} >= {"drafter", "full model"}
+    assert all(t.summary["prefill_ms"] == 0 for t in trs) and "prefill (prompt)" not in {b.name for b in fig.data}
 
 
 def test_speedup_figure_from_bench_dict_and_from_traces(traces):

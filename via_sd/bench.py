@@ -148,42 +148,54 @@ def peak_memory(device) -> tuple[float, str]:
 
 
 def prefilled_models(trace) -> set[str]:
-    """Which models read the prompt before the first round (the engine's `needed` per method)."""
-    if trace.summary["prompt_tokens"] <= 1:
+    """Models that read the prompt in a separate prefill pass before round 0.
+
+    Today's engine has none (prefill_ms is 0: each model reads the prompt with its first call);
+    traces from earlier engines prefilled the models each method needs with all but the last
+    prompt token.
+    """
+    if trace.summary["prompt_tokens"] <= 1 or not trace.summary.get("prefill_ms"):
         return set()
     signal = (trace.config.get("thresholds") or {}).get("signal", "slim")
     return {"ar": {"full"}, "sd": {"drafter", "full"},
             "via": {"drafter", "slim"} if signal == "slim" else {"drafter"}}[trace.method]
 
 
-def call_lengths(trace) -> dict[str, list[int]]:
-    """Tokens fed to the drafter, slim and full verifier in each forward call; prefill first.
+def forward_calls(trace) -> list[tuple[str, int, int]]:
+    """Every forward call as (model, round, tokens fed); round -1 is a separate prefill.
 
     Rebuilt from the trace by replaying the engine's cache rule: each model feeds what it has not
     seen, and after a round every cache is cut back to the tokens that were kept.
     """
     prompt_len = trace.summary["prompt_tokens"]
-    calls = {m: [] for m in MODELS}
-    seen = {m: 0 for m in MODELS}
-    for m in prefilled_models(trace):
-        calls[m].append(prompt_len - 1)
+    calls, seen = [], {m: 0 for m in MODELS}
+    for m in sorted(prefilled_models(trace)):
+        calls.append((m, -1, prompt_len - 1))
         seen[m] = prompt_len - 1
     emitted = Counter(t["round"] for t in trace.tokens)
     length = prompt_len
     for r in trace.rounds:
-        n_drafts = len(r["candidates"])
+        k, n_drafts = r["round"], len(r["candidates"])
         if n_drafts:  # one forward per draft; the last draft is not fed until the next round
-            calls["drafter"] += [length - seen["drafter"]] + [1] * (n_drafts - 1)
+            calls += [("drafter", k, length - seen["drafter"])] + [("drafter", k, 1)] * (n_drafts - 1)
             seen["drafter"] = length + n_drafts - 1
         for m in ("slim", "full"):
             if r[f"{m}_called"]:
-                calls[m].append(length + n_drafts - seen[m])
+                calls.append((m, k, length + n_drafts - seen[m]))
                 seen[m] = length + n_drafts
         kept = sum(c["decision"] in KEPT_DECISIONS for c in r["candidates"])
-        valid = length + min(kept, emitted[r["round"]])
-        seen = {m: min(s, valid) for m, s in seen.items()}
-        length += emitted[r["round"]]
+        valid = length + min(kept, emitted[k])
+        seen = {m: min(n, valid) for m, n in seen.items()}
+        length += emitted[k]
     return calls
+
+
+def call_lengths(trace) -> dict[str, list[int]]:
+    """Tokens fed to the drafter, slim and full verifier in each of their forward calls, in order."""
+    out = {m: [] for m in MODELS}
+    for model, _, n in forward_calls(trace):
+        out[model].append(n)
+    return out
 
 
 def _trace_record(trace, wall_ms: float) -> dict:
@@ -196,8 +208,9 @@ def _trace_record(trace, wall_ms: float) -> dict:
     phase = {"prefill": s["prefill_ms"]}
     phase.update({p: sum(r[f"{p}_ms"] for r in trace.rounds) for p in ("draft", "slim", "full")})
     phase["other"] = max(wall_ms - sum(phase.values()), 0.0)  # loop overhead, prompt encoding, text
-    lengths = call_lengths(trace)
-    prefilled = prefilled_models(trace)
+    calls = forward_calls(trace)
+    # per-call costs leave out prefill and round 0, whose first calls also read the prompt
+    later = [r for r in trace.rounds if r["round"] > 0]
     n = s["new_tokens"]
     return {
         "tokens_per_s": 1000.0 * n / wall_ms if wall_ms > 0 else 0.0,
@@ -205,9 +218,11 @@ def _trace_record(trace, wall_ms: float) -> dict:
         "prompt_tokens": s["prompt_tokens"], "token_ids": list(trace.token_ids), "rounds": len(trace.rounds),
         "drafted": sum(drafted), "kept": sum(kept), "drafted_by_position": drafted, "kept_by_position": kept,
         "tier_counts": dict(s["tier_counts"]), "drafter_calls": sum(drafted), "slim_calls": s.get("slim_calls", 0),
-        "full_calls": s["full_calls"], "phase_ms": phase, "call_lengths": lengths,
-        # tokens fed in rounds (prefill excluded), for tokens per call
-        "fed_tokens": {m: sum(lengths[m][1:] if m in prefilled else lengths[m]) for m in MODELS},
+        "full_calls": s["full_calls"], "phase_ms": phase,
+        "call_lengths": {m: [c for model, _, c in calls if model == m] for m in MODELS},
+        "steady": {"ms": {m: sum(r[f"{p}_ms"] for r in later) for m, p in zip(MODELS, ("draft", "slim", "full"))},
+                   "calls": {m: sum(1 for model, k, _ in calls if model == m and k > 0) for m in MODELS},
+                   "fed": {m: sum(c for model, k, c in calls if model == m and k > 0) for m in MODELS}},
         "route": trace.models.get("route"), "skipped": list(trace.models.get("skipped") or []),
         "thresholds": trace.config["thresholds"] if trace.method == "via" else None,
     }
@@ -360,7 +375,7 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
     tokens = sum(r["new_tokens"] for r in traced)
     phase = {p: sum(r["phase_ms"][p] for r in traced) for p in PHASES}
     calls = {m: sum(r[f"{m}_calls"] for r in traced) for m in MODELS}
-    fed = {m: sum(r["fed_tokens"][m] for r in traced) for m in MODELS}
+    steady = {key: {m: sum(_steady(r)[key][m] for r in traced) for m in MODELS} for key in ("ms", "calls", "fed")}
     tier_counts = {t: sum(r["tier_counts"][t] for r in traced) for t in ("draft", "slim", "full")}
     kept_share = _pooled(traced, "kept", "drafted")
     out.update({
@@ -371,10 +386,20 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
         "slim_calls_per_token": calls["slim"] / tokens if tokens else None,
         "phase_shares": {p: v / wall if wall else None for p, v in phase.items()},
         "ms_per_token": {p: v / tokens if tokens else None for p, v in phase.items()},
-        "ms_per_call": {m: phase[{"drafter": "draft"}.get(m, m)] / c if c else None for m, c in calls.items()},
-        "tokens_per_call": {m: fed[m] / c if c else None for m, c in calls.items()},
+        # rounds after the first only: round 0's first calls also read the prompt
+        "ms_per_call": {m: steady["ms"][m] / c if c else None for m, c in steady["calls"].items()},
+        "tokens_per_call": {m: steady["fed"][m] / c if c else None for m, c in steady["calls"].items()},
     })
     return out
+
+
+def _steady(run: dict) -> dict:
+    """A run's per-call cost inputs; results written before they were recorded use the whole run."""
+    if "steady" in run:
+        return run["steady"]
+    fed = run.get("fed_tokens") or {m: 0 for m in MODELS}
+    return {"ms": {m: run["phase_ms"][p] for m, p in zip(MODELS, ("draft", "slim", "full"))},
+            "calls": {m: run[f"{m}_calls"] for m in MODELS}, "fed": fed}
 
 
 def _score_runs(pair, runs: list[dict], prompts: list[dict], config: DecodeConfig, progress=None,
