@@ -139,9 +139,11 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
                 fig.add_annotation(text=P.TIER_NAMES[tier].replace(": ", "<br>"), xref="paper", yref="y", x=1.01,
                                    y=(y0 + y1) / 2, xanchor="left", yanchor="middle", showarrow=False, align="left",
                                    font=dict(size=14, color=P.neutral_color(theme)))
-        for key in ("accept", "escalate"):
+        same = th["accept"] == th["escalate"]  # one line, one label: no tier B band
+        for key in ("accept",) if same else ("accept", "escalate"):
+            label = f"accept = escalate = {th[key]:.2f}" if same else f"{key} = {th[key]:.2f}"
             fig.add_hline(y=th[key], line=dict(color=P.neutral_color(theme), width=2, dash="dash"),
-                          annotation=dict(text=f"{key} = {th[key]:.2f}", xanchor="left", x=0.005,
+                          annotation=dict(text=label, xanchor="left", x=0.005,
                                           font=dict(size=15, color=P.neutral_color(theme))),
                           annotation_position="top left", name=f"{key} threshold")
 
