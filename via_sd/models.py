@@ -177,11 +177,16 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         if isinstance(err, (ValueError, ModelLoadError)):
             raise
         raise ModelLoadError(f"could not load the pair {drafter!r} -> {verifier!r}: {err}") from err
-    _report(progress, "models ready", 1.0)
     names = {"embedded:drafter": "Qwen2.5-Coder-0.5B-Instruct (embedded)",
              "embedded:verifier": "Qwen2.5-Coder-1.5B-Instruct (embedded)"}
-    return ModelPair(d_model, v_model, slim, v_tok, names.get(drafter, drafter), names.get(verifier, verifier),
+    pair = ModelPair(d_model, v_model, slim, v_tok, names.get(drafter, drafter), names.get(verifier, verifier),
                      device, dtype)
+    if preset is not None and route is None:  # a hub preset ships no route: search one once, then cached
+        from .route_search import route_for
+
+        pair.set_route(route_for(pair, progress=progress))
+    _report(progress, "models ready", 1.0)
+    return pair
 
 
 def char_tokenizer():
