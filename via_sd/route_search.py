@@ -39,7 +39,6 @@ one (one token and a gamma+1-token verification step, on the named device) and h
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
@@ -206,11 +205,13 @@ def model_identity(pair) -> dict:
 
 
 def _same_model(saved: dict | None, identity: dict) -> bool:
-    return isinstance(saved, dict) and all(saved.get(k) == identity[k] for k in ("verifier", "num_layers", "hidden_size"))
+    keys = ("verifier", "num_layers", "hidden_size")
+    return isinstance(saved, dict) and all(saved.get(k) == identity[k] for k in keys)
 
 
 def route_cache_dir() -> Path:
-    """Where searched routes for models without a shipped one are kept: $VIA_SD_CACHE/routes or ~/.cache/via-sd/routes."""
+    """Where routes searched for models without a shipped one are kept: $VIA_SD_CACHE/routes or
+    ~/.cache/via-sd/routes."""
     from .embedded import cache_root
 
     return cache_root() / "routes"
@@ -470,13 +471,13 @@ def rank_one_at_a_time(pair, calibration, progress=None, stop=None) -> list[dict
     n = pair.verifier.config.num_hidden_layers
     tf = calibration if isinstance(calibration, TeacherForced) else TeacherForced(pair.verifier, calibration)
     base = tf.evaluate(frozenset(), record=True)
-    rows = []
-    for i, k in enumerate(skippable(n)):
+    rows, sublayers = [], skippable(n)
+    for i, k in enumerate(sublayers):
         if _stopped(stop):
             raise KeyboardInterrupt
         trial = tf.evaluate({k}, start=k, base=base)
         rows.append({"sublayer": sublayer_name(k), "agreement": trial.agreement, "kl": trial.kl})
-        _report(progress, f"one at a time: {sublayer_name(k)} agreement {trial.agreement:.3f}", (i + 1) / len(skippable(n)))
+        _report(progress, f"one at a time: {sublayer_name(k)} agreement {trial.agreement:.3f}", (i + 1) / len(sublayers))
     return sorted(rows, key=lambda r: (-r["agreement"], r["kl"]))
 
 
@@ -660,25 +661,31 @@ def route_for(pair, progress=None, skip_ratio: float | None = None, stop=None) -
 # ---------------------------------------------------------------------------------------------
 # Command line
 
+def _method(data: dict) -> str:
+    method = data.get("method", "")
+    return data.get("search", {}).get("objective") or next(
+        (word for word in ("one-at-a-time", "provisional") if method.startswith(word)), "other")
+
+
 def _row(name: str, data: dict) -> str:
     cost, weights = data.get("cost", {}), data.get("weights", {})
     cal, held = data.get("calibration", {}), data.get("held_out", {})
     mlp = sum(s.startswith("mlp") for s in data["skip"])
 
-    def num(d: dict, key: str, fmt: str) -> str:
-        return format(d[key], fmt) if key in d and d[key] is not None else "-"
+    def num(d: dict, key: str) -> str:
+        return f"{d[key]:.3f}" if isinstance(d.get(key), (int, float)) else "-"
 
-    return (f"{name:<28} {len(data['skip']):>3} {mlp:>4} {data.get('skip_fraction', 0):>6.3f} "
-            f"{num(weights, 'read', '.3f'):>6} {num(cost.get('one_token', {}), 'ratio', '.3f'):>7} "
-            f"{num(cost.get('verify_step', {}), 'ratio', '.3f'):>7} {num(cal, 'top1_agreement', '.3f'):>7} "
-            f"{num(cal, 'kl', '.3f'):>7} {num(held, 'top1_agreement', '.3f'):>8} {num(held, 'kl', '.3f'):>7}")
+    return (f"{name:<36} {_method(data):<13} {len(data['skip']):>3} {mlp:>3} {data.get('skip_fraction', 0):>5.2f} "
+            f"{num(weights, 'read'):>5} {num(cost.get('one_token', {}), 'ratio'):>5} "
+            f"{num(cost.get('verify_step', {}), 'ratio'):>6} {num(cal, 'top1_agreement'):>7} {num(cal, 'kl'):>6} "
+            f"{num(held, 'top1_agreement'):>8} {num(held, 'kl'):>7}")
 
 
-HEADER = (f"{'route':<28} {'skp':>3} {'mlp':>4} {'ratio':>6} {'read':>6} {'cost1':>7} {'cost_v':>7} "
-          f"{'cal_agr':>7} {'cal_kl':>7} {'held_agr':>8} {'held_kl':>7}")
-LEGEND = ("skp/mlp: sub-layers skipped / of them MLPs; ratio: skipped share; read: share of weights a slim forward "
-          "reads; cost1 / cost_v: measured slim/full forward time for 1 token / gamma+1 tokens; cal / held: top-1 "
-          "agreement and KL vs the full verifier on calibration / held-out text")
+HEADER = (f"{'route':<36} {'method':<13} {'skp':>3} {'mlp':>3} {'ratio':>5} {'read':>5} {'cost1':>5} {'cost_v':>6} "
+          f"{'cal_agr':>7} {'cal_kl':>6} {'held_agr':>8} {'held_kl':>7}")
+LEGEND = ("skp / mlp: sub-layers skipped / of them MLPs; ratio: skipped share of sub-layers; read: share of the "
+          "weights a slim forward reads; cost1 / cost_v: measured slim / full forward time for 1 token / gamma+1 "
+          "tokens; cal / held: top-1 agreement and KL against the full verifier on calibration / held-out text")
 
 
 def _verifier_name(args) -> str | None:
@@ -698,8 +705,9 @@ def cmd_report(args) -> int:
     if not rows:
         print(f"no saved routes for {name}; make some with `python -m via_sd route --skip-ratio R --out FILE`")
         return 1
-    rows.sort(key=lambda pd: (pd[0].parent != ROUTES_DIR, len(pd[1]["skip"]), pd[0].stem))
-    print(f"routes for {name} (method: greedy search unless in baseline/)")
+    # one curve per method, cheapest last: agreement falls as the cost does
+    rows.sort(key=lambda pd: (_method(pd[1]), -pd[1].get("weights", {}).get("read", 1.0), pd[0].stem))
+    print(f"agreement versus cost of the saved routes for {name}")
     print(HEADER)
     for path, data in rows:
         label = path.stem if path.parent == ROUTES_DIR else f"{path.parent.name}/{path.stem}"
