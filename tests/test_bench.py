@@ -15,7 +15,7 @@ from via_sd.fidelity import measure_fidelity
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [{"task": "code", "prompt": "def f(x):"}, {"task": "prose", "prompt": "The quick brown fox"}]
-CFG = DecodeConfig(gamma=4, max_new_tokens=20, chat=False, thresholds=Thresholds(accept=0.8, escalate=0.3))
+CFG = DecodeConfig(gamma=4, max_new_tokens=20, chat=False, thresholds=Thresholds(accept=0.8, escalate=0.3, signal="draft"))
 METRICS = ["tokens_per_s", "speedup_vs_ar", "speedup_vs_sd", "mean_accepted_length", "rejection_rate",
            "acceptance_by_position", "full_calls_per_token", "tier_shares", "peak_memory_mb", "peak_memory_kind",
            "agreement", "mean_logprob", "logprob_delta_vs_ar", "identical_to_ar", "phase_shares", "ms_per_call"]
@@ -140,7 +140,7 @@ def test_fidelity_of_ar_against_itself_is_perfect_and_via_matches_a_token_by_tok
     assert same["agreement"] == 1.0 and same["first_disagreement"] is None
     assert same["logprob_delta"] == 0.0 and same["identical"] and same["common_prefix"] == len(ar.token_ids)
     via = generate(pair, "hello world", "via", DecodeConfig(gamma=4, max_new_tokens=20, chat=False,
-                                                             thresholds=Thresholds(accept=0.3, escalate=0.0)))
+                                                             thresholds=Thresholds(accept=0.3, escalate=0.0, signal="draft")))
     f = measure_fidelity(pair, via.to_dict(), reference=ar)
     prompt = pair.encode("hello world", chat=False)
     agree, logq = [], []

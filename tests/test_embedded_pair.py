@@ -38,7 +38,7 @@ def test_greedy_ar_matches_transformers_generate_on_real_weights(embedded_pair, 
 
 
 def test_via_calls_the_full_model_less_often_than_sd(embedded_pair):
-    cfg = DecodeConfig(gamma=5, max_new_tokens=32, thresholds=Thresholds(accept=0.5, escalate=0.1))
+    cfg = DecodeConfig(gamma=5, max_new_tokens=32, thresholds=Thresholds(accept=0.5, escalate=0.1, signal="draft"))
     prompt = PROMPTS[0]
     via = generate(embedded_pair, prompt, "via", cfg)
     sd = generate(embedded_pair, prompt, "sd", cfg)
@@ -48,6 +48,6 @@ def test_via_calls_the_full_model_less_often_than_sd(embedded_pair):
 
 
 def test_via_with_escalate_zero_never_calls_the_full_model_on_real_weights(embedded_pair):
-    cfg = DecodeConfig(gamma=4, max_new_tokens=16, thresholds=Thresholds(accept=0.6, escalate=0.0))
+    cfg = DecodeConfig(gamma=4, max_new_tokens=16, thresholds=Thresholds(accept=0.6, escalate=0.0, signal="draft"))
     trace = generate(embedded_pair, PROMPTS[1], "via", cfg)
     assert trace.summary["full_calls"] == 0 and trace.summary["new_tokens"] > 0

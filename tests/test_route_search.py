@@ -8,10 +8,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from via_sd import tiny_random_pair
+from via_sd import PRESETS, load_pair, tiny_random_pair
 from via_sd.__main__ import main
-from via_sd.route_search import (MAX_RATIO, Calibration, TeacherForced, generate_calibration, measure_route,
-                                 model_identity, route_for, search_route, skippable, sublayer_index, sublayer_name)
+from via_sd.provisional import provisional_route
+from via_sd.route_search import (MAX_RATIO, Calibration, TeacherForced, generate_calibration, how_made, measure_route,
+                                 model_identity, pick_route, route_for, search_route, skippable, sublayer_index,
+                                 sublayer_name)
 from via_sd.routing import ROUTES_DIR, Route, resolve_route
 
 PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n", "def f(a):"]
@@ -186,3 +188,48 @@ def test_embedded_default_route_agreement_is_reproduced(embedded_pair):
         if key in data:
             again = TeacherForced(embedded_pair.verifier, Calibration.from_dict(texts_[key])).evaluate(skip)
             assert data[key]["top1_agreement"] == pytest.approx(again.agreement, abs=2e-3)
+
+
+def test_the_provisional_rule_skips_attention_of_evenly_spaced_middle_layers_and_says_so():
+    route = provisional_route(28)
+    layers = [int(s.split(".")[1]) for s in route.skip]
+    assert all(s.startswith("attn.") for s in route.skip) and len(layers) == 6
+    assert 0 not in layers and 27 not in layers and max(b - a for a, b in zip(layers, layers[1:])) <= 5
+    assert route.meta["provisional"] and route.meta["method"].startswith("provisional")
+    assert resolve_route(route, 28).skip == route.skip  # a valid route for the slim verifier
+    assert provisional_route(4).skip == ("attn.2",) and provisional_route(2).skip == ()
+
+
+@pytest.fixture
+def hub_preset(tmp_path, monkeypatch):
+    """A preset like "gpu" or "tiny" (no shipped route), its models in local folders; an empty route cache."""
+    monkeypatch.setenv("VIA_SD_CACHE", str(tmp_path / "cache"))
+    tiny = tiny_random_pair()
+    for name, model in (("drafter", tiny.drafter), ("verifier", tiny.verifier)):
+        model.save_pretrained(tmp_path / name)
+        tiny.tokenizer.save_pretrained(tmp_path / name)
+    monkeypatch.setitem(PRESETS, "hub-test", {"drafter": str(tmp_path / "drafter"), "route": None, "about": "test",
+                                              "verifier": str(tmp_path / "verifier")})
+    return "hub-test"
+
+
+def test_a_preset_without_a_route_starts_at_once_on_the_provisional_route_then_a_cached_one(hub_preset, tmp_path):
+    pair = load_pair(hub_preset, device="cpu")
+    assert pair.route.meta["provisional"] and pair.route.skip == provisional_route(4).skip
+    messages = []
+    assert pick_route(pair, progress=lambda m, f: messages.append(m)) is pair.route and pair.route.meta["provisional"]
+    assert len(messages) == 1 and "using the provisional rule" in messages[0]  # told so, nothing searched
+    assert "provisional" in how_made(pair.route)
+    cached = tmp_path / "cache" / "routes" / "hub-s10.json"  # a route searched earlier for this verifier
+    cached.parent.mkdir(parents=True)
+    cached.write_text(json.dumps({"skip": ["mlp.2"], "num_layers": 4, "model": model_identity(pair),
+                                  "search": {"objective": "kl-per-cost", "evaluations": 7}}))
+    assert pick_route(pair).skip == ("mlp.2",) and pair.route.name == "hub-s10"
+    assert "searched" in how_made(pair.route)
+    assert load_pair(hub_preset, route="none", device="cpu").route.skip == ()  # a route given is kept
+
+
+def test_cli_generate_says_which_route_it_used_and_how_it_was_made(hub_preset, capsys):
+    assert main(["generate", "--preset", hub_preset, "--prompt", "hi", "--max-new-tokens", "4", "--no-chat"]) == 0
+    err = capsys.readouterr().err
+    assert "route provisional: 1 sub-layers skipped" in err and "a rule, no search" in err

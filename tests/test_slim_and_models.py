@@ -61,7 +61,7 @@ def test_routes_validate_and_round_trip(tmp_path):
 
 
 def test_trace_invariants_and_exact_json_round_trip(tiny_routed_pair):
-    cfg = DecodeConfig(gamma=4, max_new_tokens=40, chat=False, thresholds=Thresholds(0.8, 0.3))
+    cfg = DecodeConfig(gamma=4, max_new_tokens=40, chat=False, thresholds=Thresholds(0.8, 0.3, "draft"))
     for method in ("ar", "sd", "via"):
         trace = generate(tiny_routed_pair, "round trip", method, cfg)
         assert Trace.from_json(trace.to_json()) == trace

@@ -9,11 +9,11 @@ The engine imports neither gradio nor plotly.
 
 from .decoding import METHODS, DecodeConfig, generate, stream
 from .models import PRESETS, ModelLoadError, ModelPair, load_pair, tiny_random_pair
-from .route_search import measure_route, route_for, search_curve, search_route
+from .route_search import measure_route, pick_route, route_for, search_curve, search_route
 from .routing import Route, SlimVerifier
-from .tiers import Thresholds, tier_of
+from .tiers import THRESHOLD_PRESETS, Thresholds, tier_of
 from .trace import Trace
 
 __all__ = ["DecodeConfig", "METHODS", "ModelLoadError", "ModelPair", "PRESETS", "Route", "SlimVerifier",
-           "Thresholds", "Trace", "generate", "load_pair", "measure_route", "route_for", "search_curve", "search_route",
-           "stream", "tier_of", "tiny_random_pair"]
+           "THRESHOLD_PRESETS", "Thresholds", "Trace", "generate", "load_pair", "measure_route", "pick_route",
+           "route_for", "search_curve", "search_route", "stream", "tier_of", "tiny_random_pair"]

@@ -10,7 +10,8 @@ recorded. What differs is who verifies:
                 verifier decides) or tier C (the full verifier checks it and every later draft)
 
 Each model keeps its own KV cache and catches up lazily on tokens it has not seen, so the full
-verifier runs only in rounds that escalate to it.
+verifier runs only in rounds that escalate to it. `stream_events` yields an Event after drafting,
+after each tier's decisions and after each round; `stream` and `generate` are built on it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from transformers import DynamicCache
 from .models import ModelPair
 from .tiers import (DRAFT, FULL, SLIM, Thresholds, logits_to_probs, pick, relative_confidence, tier_of,
                     verify_draft)
-from .trace import Trace, summarize
+from .trace import Tally, Trace
 
 METHODS = ("ar", "sd", "via")
 MAX_NEW_TOKENS = 4096
+MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax to float precision and logits / temperature can overflow
 
 
 @dataclass(frozen=True)
@@ -41,20 +43,40 @@ class DecodeConfig:
     thresholds: Thresholds = field(default_factory=Thresholds)
     draft_stop: float = 0.0  # end the round's drafting early once the drafter's p(x) falls below this
     chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
+    # VIA-SD: once this many tokens in a row were kept with no verifier, the next round's drafts go to a
+    # verifier (tier A is closed for that round); 0 = no bound
+    max_unverified: int = 32
 
     def __post_init__(self):
-        if not isinstance(self.gamma, int) or not 1 <= self.gamma <= 64:
+        for name in ("gamma", "max_new_tokens", "seed", "max_unverified"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be a whole number (int), got {value!r}")
+        for name in ("temperature", "top_p", "draft_stop"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+                raise ValueError(f"{name} must be a number, got {value!r}")
+        if not 1 <= self.gamma <= 64:
             raise ValueError(f"gamma (draft length) must be a whole number from 1 to 64, got {self.gamma!r}")
-        if not isinstance(self.max_new_tokens, int) or not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ValueError(f"max_new_tokens must be from 1 to {MAX_NEW_TOKENS}, got {self.max_new_tokens!r}")
+        if not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
         if not 0.0 <= self.temperature <= 5.0:
             raise ValueError(f"temperature must lie in [0, 5] (0 = greedy), got {self.temperature!r}")
+        if 0.0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature={self.temperature!r} is so small that logits overflow: use 0 for greedy "
+                             f"decoding or at least {MIN_TEMPERATURE}")
         if not 0.0 <= self.draft_stop <= 1.0:
             raise ValueError(f"draft_stop must lie in [0, 1] (0 = always draft gamma tokens), got {self.draft_stop!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
+        if self.max_unverified < 0:
+            raise ValueError(f"max_unverified must be 0 (no bound) or a positive number of tokens, "
+                             f"got {self.max_unverified!r}")
         if not isinstance(self.thresholds, Thresholds):
-            raise ValueError("thresholds must be a via_sd.Thresholds")
+            raise ValueError(f"thresholds must be a via_sd.Thresholds, got {type(self.thresholds).__name__}: "
+                             "use Thresholds(accept=..., escalate=..., signal=...) or Thresholds.preset(name)")
 
     @property
     def greedy(self) -> bool:
@@ -93,6 +115,7 @@ class CachedModel:
     @torch.inference_mode()
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
+        self.rollback(upto - keep)  # a position asked for again is fed again
         ids = torch.tensor([seq[self.seen:upto]], device=self.input_device)
         out = self.forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.seen = upto
@@ -115,6 +138,8 @@ class Round:
     kept_drafts: int = 0
     slim_called: bool = False
     full_called: bool = False
+    forced_by: str | None = None  # "max_unverified": tier A is closed this round
+    sorted_tiers: list = field(default_factory=list)  # each draft's tier by confidence (VIA-SD only)
     phase_ms: dict = field(default_factory=lambda: {"draft": 0.0, "slim": 0.0, "full": 0.0})
 
 
@@ -156,29 +181,32 @@ class Decoder:
 
         return self.timed(rnd, "draft", run) if gamma else ([], None)
 
-    def score(self, model: CachedModel, phase: str, seq: list[int], drafts: list[int], from_pos: int,
+    def score(self, model: CachedModel, phase: str, seq: list[int], drafts: list[int], start: int, stop: int,
               rnd: Round) -> tuple[torch.Tensor, list[float]]:
-        """Distributions of `model` at draft positions from_pos..n (the last one is the bonus position),
-        and each candidate's relative confidence r under it; records q(x) and the top choice."""
+        """One pass of `model` fed up to drafts[:stop]: its distributions at draft positions start..stop
+        (row k scores draft start+k; the last row is the position after drafts[stop-1], the bonus position
+        when stop = len(drafts)), and r for drafts[start:stop]; records q(x) and the top choices."""
         setattr(rnd, f"{phase}_called", True)
-        ext, keep = seq + drafts, len(drafts) - from_pos + 1
-        q = self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), keep)))
-        r, q_x, top = relative_confidence(q[:-1], torch.tensor(drafts[from_pos:], device=q.device, dtype=torch.long))
+        ext = seq + drafts[:stop]
+        q = self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), stop - start + 1)))
+        r, q_x, top = relative_confidence(q[:-1], torch.tensor(drafts[start:stop], device=q.device, dtype=torch.long))
         for k, (qx, t) in enumerate(zip(q_x.tolist(), top.tolist())):
-            rnd.candidates[from_pos + k].update({f"q_{phase}": qx, f"{phase}_top": t})
+            rnd.candidates[start + k].update({f"q_{phase}": qx, f"{phase}_top": t})
         return q, r.tolist()
 
-    def check(self, rnd: Round, tier: str, drafts: list[int], p, q, from_pos: int) -> None:
-        """Standard speculative check of drafts[from_pos:] against q (q[k] scores position from_pos+k);
+    def check(self, rnd: Round, tier: str, drafts: list[int], p, q, start: int) -> None:
+        """Standard speculative check of drafts[start:] against q (q[k] scores position start+k);
         a replacement ends the round, otherwise the bonus token comes from q's last row."""
-        key = "q_slim" if tier == SLIM else "q_full"
-        for k, token in enumerate(drafts[from_pos:]):
-            i = from_pos + k
-            kept, out = verify_draft(token, p[i], q[k], self.config.greedy, self.generator)
-            self.decide(rnd, i, out, tier, "kept" if kept else "replaced", p, {key: float(q[k][out])})
-            if not kept:
+        for k in range(len(drafts) - start):
+            if not self.check_one(rnd, tier, drafts, p, q[k], start + k):
                 return
         self.bonus(rnd, tier, q[-1])
+
+    def check_one(self, rnd: Round, tier: str, drafts: list[int], p, q_row: torch.Tensor, i: int) -> bool:
+        """The speculative check of draft i against one verifier row; True if the draft was kept."""
+        kept, out = verify_draft(drafts[i], p[i], q_row, self.config.greedy, self.generator)
+        self.decide(rnd, i, out, tier, "kept" if kept else "replaced", p, {f"q_{tier}": float(q_row[out])})
+        return kept
 
     def decide(self, rnd: Round, i: int, token: int, tier: str, outcome: str, p, scores: dict) -> None:
         """Records tier `tier`'s decision on candidate i and the token it emits there."""
@@ -194,97 +222,189 @@ class Decoder:
     def bonus(self, rnd: Round, tier: str, q_row: torch.Tensor) -> None:
         """The verifier that ran last adds one token of its own after the kept drafts."""
         token = pick(q_row, self.config.greedy, self.generator)
-        key = "q_slim" if tier == SLIM else "q_full"
         rnd.emitted.append({"id": token, "tier": tier, "outcome": "bonus", "p_draft": None, "q_slim": None,
-                            "q_full": None, key: float(q_row[token]), "confidence": None})
+                            "q_full": None, f"q_{tier}": float(q_row[token]), "confidence": None})
 
 
-def _candidates(drafts: list[int], p: torch.Tensor | None, tier: str | None = None) -> list[dict]:
-    """One record per drafted token; "discarded" until a tier decides it."""
+def _candidates(drafts: list[int], p: torch.Tensor | None, tokenizer) -> list[dict]:
+    """One record per drafted token; "pending" until a tier decides it."""
     if not drafts:
         return []
     p_draft = p[torch.arange(len(drafts)), torch.tensor(drafts, device=p.device)].tolist()
-    return [{"pos": i, "token": t, "p_draft": pd, "q_slim": None, "q_full": None, "slim_top": None,
-             "full_top": None, "confidence": None, "tier": tier, "decision": "discarded"}
+    return [{"pos": i, "token": t, "text": tokenizer.decode([t]), "p_draft": pd, "q_slim": None, "q_full": None,
+             "slim_top": None, "full_top": None, "confidence": None, "tier": None, "decision": "pending"}
             for i, (t, pd) in enumerate(zip(drafts, p_draft))]
 
 
-def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
+# Each verify_* decides the round's drafts and yields after each group of decisions (for live views).
+
+def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
     """Autoregressive: the full verifier alone emits one token."""
     rnd.full_called = True
     q = dec.timed(rnd, "full", lambda: dec.probs(dec.full.logits(seq, len(seq), 1)))
     dec.bonus(rnd, FULL, q[0])
+    yield from ()  # no drafts to announce
 
 
-def verify_sd(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
+def verify_sd(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
     """Speculative decoding: the full verifier checks every draft in one parallel pass."""
-    rnd.candidates = _candidates(drafts, p, FULL)
-    q, _ = dec.score(dec.full, "full", seq, drafts, 0, rnd)
+    q, _ = dec.score(dec.full, FULL, seq, drafts, 0, len(drafts), rnd)
     dec.check(rnd, FULL, drafts, p, q, 0)
+    yield
 
 
-def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> None:
-    """VIA-SD: tier A keeps the draft, tier B asks the slim verifier, tier C defers to the full one."""
-    th = dec.config.thresholds
-    cands = rnd.candidates = _candidates(drafts, p)
+def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
+    """VIA-SD: tier A keeps the draft, tier B asks the slim verifier, tier C defers to the full one.
+
+    Each verifier runs at most once a round, over the positions it must decide. Slim signal: the slim
+    pass sorts every draft, the full pass checks from the first tier-C draft. Draft signal: a round with
+    a tier-C draft runs the full pass alone, from the first draft that is not tier A (it decides tier B
+    exactly, at no extra cost); otherwise the slim pass runs up to the last tier-B draft.
+    """
+    th, n, cands = dec.config.thresholds, len(drafts), rnd.candidates
     q_slim = None
-    if th.signal == "slim":
-        q_slim, confidence = dec.score(dec.slim, "slim", seq, drafts, 0, rnd)
+    if th.signal == "slim" and th.fixed_tier is None:
+        q_slim, confidence = dec.score(dec.slim, SLIM, seq, drafts, 0, n, rnd)
+    elif th.signal == "slim":  # the thresholds alone decide every tier: no slim pass for the signal
+        confidence = [None] * n
     else:
         confidence = [c["p_draft"] for c in cands]
-    tiers = [tier_of(r, th) for r in confidence]
-    for c, r, t in zip(cands, confidence, tiers):
-        c["confidence"], c["tier"] = r, t
-    first_full = tiers.index(FULL) if FULL in tiers else len(drafts)
-    if q_slim is None and SLIM in tiers[:first_full]:  # the draft signal pays for the slim pass only when needed
-        q_slim, _ = dec.score(dec.slim, "slim", seq, drafts, 0, rnd)
+    tiers = [th.fixed_tier or tier_of(r, th) for r in confidence]
+    if rnd.forced_by:  # too many tokens in a row were kept unverified: a verifier sees this round
+        tiers = [SLIM if t == DRAFT else t for t in tiers]
+    for c, r in zip(cands, confidence):
+        c["confidence"] = r
+    rnd.sorted_tiers = tiers
 
-    for i in range(first_full):
-        if tiers[i] == DRAFT:
-            dec.decide(rnd, i, drafts[i], DRAFT, "kept", p, {})
-            continue
-        kept, out = verify_draft(drafts[i], p[i], q_slim[i], dec.config.greedy, dec.generator)
-        dec.decide(rnd, i, out, SLIM, "kept" if kept else "replaced", p, {"q_slim": float(q_slim[i][out])})
-        if not kept:
+    i = 0
+    while i < n and tiers[i] == DRAFT:  # tier A at once
+        dec.decide(rnd, i, drafts[i], DRAFT, "kept", p, {})
+        i += 1
+    if i:
+        yield
+    if i == n:  # every draft in tier A: the bonus comes from the slim pass if one ran (no verifier otherwise)
+        if q_slim is not None:
+            dec.bonus(rnd, SLIM, q_slim[-1])
+        return
+    first_full = tiers.index(FULL) if FULL in tiers else n
+    if q_slim is None and first_full < n:  # draft signal with a tier-C draft: the full pass alone
+        q_full, _ = dec.score(dec.full, FULL, seq, drafts, i, n, rnd)
+        dec.check(rnd, FULL, drafts, p, q_full, i)
+        yield
+        return
+    offset = 0
+    if q_slim is None:  # draft signal, tier B and no tier C: the slim pass up to the last tier-B draft
+        last = max(k for k in range(n) if tiers[k] == SLIM)
+        q_slim, _ = dec.score(dec.slim, SLIM, seq, drafts, i, last + 1, rnd)
+        offset = i
+    for k in range(i, first_full):
+        if tiers[k] == DRAFT:
+            dec.decide(rnd, k, drafts[k], DRAFT, "kept", p, {})
+        elif not dec.check_one(rnd, SLIM, drafts, p, q_slim[k - offset], k):
+            yield
             return
-    if first_full < len(drafts):
-        q_full, _ = dec.score(dec.full, "full", seq, drafts, first_full, rnd)
-        dec.check(rnd, FULL, drafts, p, q_full, first_full)
-    elif q_slim is not None:  # the round never escalated: the bonus comes from the slim verifier
-        dec.bonus(rnd, SLIM, q_slim[-1])
+    if first_full == n:  # the round never escalated: the bonus comes from the slim verifier, if it saw that far
+        if len(q_slim) + offset == n + 1:
+            dec.bonus(rnd, SLIM, q_slim[-1])
+        yield
+        return
+    if first_full > i:
+        yield
+    q_full, _ = dec.score(dec.full, FULL, seq, drafts, first_full, n, rnd)
+    dec.check(rnd, FULL, drafts, p, q_full, first_full)
+    yield
 
 
 VERIFY = {"ar": verify_ar, "sd": verify_sd, "via": verify_via}
 
 
 class TokenText:
-    """Splits the decoded text over tokens so the pieces always concatenate to the whole text."""
+    """Each token's piece of the decoded text, O(1) amortized per token.
+
+    Decodes a short window of recent tokens without and with the new one and emits the difference,
+    as streaming servers do (the window's own start-of-text effects cancel out). A token whose text is
+    not yet a plain extension (half of a multi-byte character) waits and its text arrives with a later
+    token. When a tokenizer rewrites text already handed out, `resync` decodes everything once and
+    corrects the pieces; `flush` does that check at the end, so the pieces always concatenate to
+    `tokenizer.decode(ids, skip_special_tokens=True)`.
+    """
+
+    WINDOW = 4  # settled tokens decoded again as context for the next piece
 
     def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.text = tokenizer, [], ""
+        self.tokenizer, self.ids, self.pieces = tokenizer, [], []
+        self.settled = 0  # tokens whose text has been handed out
 
-    def add(self, token_id: int) -> str:
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.pieces)
+
+    def add(self, token_id: int) -> dict[int, str]:
+        """Appends a token; returns {token index: its text} for every piece that changed."""
         self.ids.append(token_id)
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if full.endswith("\ufffd") or not full.startswith(self.text):
-            return ""  # an incomplete multi-byte character: its text arrives with a later token
-        piece, self.text = full[len(self.text):], full
-        return piece
+        self.pieces.append("")
+        start = max(self.settled - self.WINDOW, 0)
+        before, after = self.decode(self.ids[start:self.settled]), self.decode(self.ids[start:])
+        if after.endswith("\ufffd"):
+            return {}  # an incomplete multi-byte character: its text arrives with a later token
+        if not after.startswith(before):
+            return self.resync()
+        self.pieces[-1] = after[len(before):]
+        self.settled = len(self.ids)
+        return {len(self.ids) - 1: self.pieces[-1]}
 
-    def flush(self) -> str:
-        full = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        piece = full[len(self.text):] if full.startswith(self.text) else ""
-        self.text += piece
-        return piece
+    def resync(self) -> dict[int, str]:
+        """Decodes everything once and rewrites the pieces from the first one that differs."""
+        full = self.decode(self.ids)
+        pos, i = 0, 0
+        while i < len(self.pieces) and full.startswith(self.pieces[i], pos):
+            pos += len(self.pieces[i])
+            i += 1
+        if i == len(self.pieces) and pos == len(full):
+            return {}
+        changed = {k: "" for k in range(i, len(self.pieces))}
+        changed[len(self.pieces) - 1] = full[pos:]  # the rest of the text goes to the newest token
+        for k, piece in changed.items():
+            self.pieces[k] = piece
+        self.settled = len(self.ids)
+        return changed
+
+    def flush(self) -> dict[int, str]:
+        """Gives any waiting text to the last token and checks the whole text once."""
+        return self.resync() if self.ids else {}
 
 
-def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
-           stop=None) -> Iterator[Trace]:
-    """Decodes round by round, yielding the trace so far after each round (the last one is final).
+@dataclass
+class Event:
+    """One step of a decode, for live views.
+
+    kind "drafts":  the drafter has proposed this round's tokens; every candidate is "pending".
+    kind "decided": a tier decided some drafts (A at once, B after the slim pass, C after the full
+                    pass); decided candidates carry `tier` and `decision`, the others are "pending".
+    kind "round":   the round is recorded; `trace` is the Trace so far (the last one is final).
+    `candidates` are copies of the round's candidate dicts at that moment.
+    """
+
+    kind: str
+    round: int
+    trace: Trace
+    candidates: list
+
+
+def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
+                  stop=None) -> Iterator[Event]:
+    """Decodes round by round, yielding an Event after drafting, after each tier's decisions and after
+    each recorded round. Time the consumer holds an event is not counted as decoding time.
 
     `stop`: anything with `is_set()` (a threading.Event); checked between rounds.
     """
-    config = config or DecodeConfig()
+    config = DecodeConfig() if config is None else config
+    if not isinstance(config, DecodeConfig):
+        raise ValueError(f"config must be a via_sd.DecodeConfig, got {type(config).__name__}: "
+                         "build one with DecodeConfig(gamma=..., max_new_tokens=...)")
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if not isinstance(prompt, str) or not prompt.strip():
@@ -300,13 +420,14 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
     verify = VERIFY[method]
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
                   dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict())
-    text = TokenText(pair.tokenizer)
+    text, tally = TokenText(pair.tokenizer), Tally()
     seq, eos = list(prompt_ids), pair.eos_ids
-    start, paused = clock.ms(), 0.0  # paused: time the consumer held the stream between rounds
+    start, paused = clock.ms(), 0.0  # paused: time the consumer held an event
+    unverified = 0  # tokens in a row kept with no verifier
 
     def summary(**extra) -> dict:
         wall = clock.ms() - start - paused
-        return {**summarize(trace.tokens, trace.rounds, prefill_ms, wall), "prompt_tokens": len(prompt_ids), **extra}
+        return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids), **extra}
 
     # No separate prefill: each model reads the prompt with its first call of the first round, so the
     # prompt costs no extra forward pass (its time is part of round 0; prefill_ms stays 0).
@@ -316,29 +437,56 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
         if stop is not None and stop.is_set():
             stopped = True
             break
-        round_start = clock.ms()
+        round_start, held = clock.ms(), 0.0  # held: time the consumer kept this round's events
+        round_at = round_start - start - paused
+        k = len(trace.rounds)
         rnd = Round()
+        if method == "via" and config.max_unverified and unverified >= config.max_unverified:
+            rnd.forced_by = "max_unverified"
         remaining = config.max_new_tokens - len(trace.tokens)
         drafts, p = dec.draft(seq, 0 if method == "ar" else min(config.gamma, remaining), rnd)
-        verify(dec, seq, drafts, p, rnd)
+        rnd.candidates = _candidates(drafts, p, pair.tokenizer)
+        steps = verify(dec, seq, drafts, p, rnd)
+        if drafts:
+            handed_over = clock.ms()
+            yield Event("drafts", k, trace, [dict(c) for c in rnd.candidates])
+            held += clock.ms() - handed_over
+        for _ in steps:
+            handed_over = clock.ms()
+            yield Event("decided", k, trace, [dict(c) for c in rnd.candidates])
+            held += clock.ms() - handed_over
+        paused += held
         emitted = _until_eos(rnd.emitted[:remaining], eos)
         valid = len(seq) + min(rnd.kept_drafts, len(emitted))  # what every cache may keep
         for model in (dec.drafter, dec.slim, dec.full):
             model.rollback(valid)
         seq.extend(tok["id"] for tok in emitted)
-        _record_round(trace, rnd, emitted, text, pair.tokenizer, round_start - start, clock.ms() - round_start)
+        for tok in emitted:
+            unverified = unverified + 1 if tok["tier"] == DRAFT else 0
+        _record_round(trace, rnd, emitted, text, tally, round_at, clock.ms() - round_start - held)
         trace.token_ids, trace.text = seq[len(prompt_ids):], text.text
         if len(emitted) >= remaining or emitted[-1]["id"] in eos:
             break
         trace.summary = summary()
         handed_over = clock.ms()
-        yield trace
+        yield Event("round", k, trace, trace.rounds[-1]["candidates"])
         paused += clock.ms() - handed_over
-    if trace.tokens:
-        trace.tokens[-1]["text"] += text.flush()
+    for i, piece in text.flush().items():
+        trace.tokens[i]["text"] = piece
     trace.text = text.text
     trace.summary = summary(stopped=stopped)
-    yield trace
+    yield Event("round", len(trace.rounds) - 1, trace, trace.rounds[-1]["candidates"] if trace.rounds else [])
+
+
+def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
+           stop=None) -> Iterator[Trace]:
+    """Decodes round by round, yielding the trace so far after each round (the last one is final).
+
+    `stop`: anything with `is_set()` (a threading.Event); checked between rounds.
+    """
+    for event in stream_events(pair, prompt, method, config, stop=stop):
+        if event.kind == "round":
+            yield event.trace
 
 
 def _until_eos(emitted: list[dict], eos: set[int]) -> list[dict]:
@@ -348,19 +496,25 @@ def _until_eos(emitted: list[dict], eos: set[int]) -> list[dict]:
     return emitted
 
 
-def _record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText, tokenizer, start_ms: float,
+def _record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText, tally: Tally, start_ms: float,
                   total_ms: float) -> None:
     k = len(trace.rounds)
+    new = []
     for tok in emitted:
-        trace.tokens.append({"i": len(trace.tokens), "id": tok["id"], "text": text.add(tok["id"]), "round": k,
-                             **{f: tok[f] for f in ("tier", "outcome", "p_draft", "q_slim", "q_full", "confidence")}})
-    for c in rnd.candidates:
-        c["text"] = tokenizer.decode([c["token"]])
+        new.append({"i": len(trace.tokens), "id": tok["id"], "text": "", "round": k,
+                    **{f: tok[f] for f in ("tier", "outcome", "p_draft", "q_slim", "q_full", "confidence")}})
+        trace.tokens.append(new[-1])
+        for i, piece in text.add(tok["id"]).items():
+            trace.tokens[i]["text"] = piece
+    for c, tier in zip(rnd.candidates, rnd.sorted_tiers or [None] * len(rnd.candidates)):
+        if c["decision"] == "pending":  # after a replacement
+            c["decision"], c["tier"] = "discarded", c["tier"] or tier
     ph = rnd.phase_ms
     trace.rounds.append({"round": k, "start_ms": start_ms, "draft_ms": ph["draft"], "slim_ms": ph["slim"],
                          "full_ms": ph["full"], "other_ms": max(total_ms - sum(ph.values()), 0.0),
                          "full_called": rnd.full_called, "slim_called": rnd.slim_called,
-                         "candidates": rnd.candidates})
+                         "forced_by": rnd.forced_by, "candidates": rnd.candidates})
+    tally.add(trace.rounds[-1], new)
 
 
 def generate(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,

@@ -14,6 +14,7 @@ from typing import Callable
 
 import torch
 
+from .provisional import provisional_route
 from .routing import Route, SlimVerifier, resolve_route
 
 PRESETS = {
@@ -181,10 +182,8 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
              "embedded:verifier": "Qwen2.5-Coder-1.5B-Instruct (embedded)"}
     pair = ModelPair(d_model, v_model, slim, v_tok, names.get(drafter, drafter), names.get(verifier, verifier),
                      device, dtype)
-    if preset is not None and route is None:  # a hub preset ships no route: search one once, then cached
-        from .route_search import route_for
-
-        pair.set_route(route_for(pair, progress=progress))
+    if preset is not None and route is None:  # no shipped route: a rule's at once (faces then call pick_route)
+        pair.set_route(provisional_route(v_model.config.num_hidden_layers))
     _report(progress, "models ready", 1.0)
     return pair
 

@@ -19,39 +19,68 @@ class Thresholds:
     """VIA-SD's two confidence thresholds, `0 <= escalate <= accept <= 1`.
 
     `signal` says whose confidence sorts a draft token into a tier:
-    "slim"  -> r = q'(x) / max_v q'(v), the slim verifier's relative confidence;
+    "slim"  -> r = q'(x) / max_v q'(v), the slim verifier's relative confidence (the paper's rule;
+               the slim pass runs every round);
     "draft" -> r = p(x), the drafter's own probability (tier A then needs no verifier).
+    A threshold of 1 admits nothing: accept=1 sends no draft to tier A, and accept=escalate=1
+    sends every draft to tier C, which is plain speculative decoding (lossless).
+    The defaults are the paper preset (THRESHOLD_PRESETS["paper"]).
     """
 
-    # Shipped defaults, set by the benchmark (BENCHMARKS.md): on the embedded CPU pair the slim pass
-    # costs as much as a full verification, so the draft signal with no tier B was fastest at >= 0.95
-    # full-model agreement. Lower `escalate` to give the slim verifier a band of its own.
-    accept: float = 0.6
-    escalate: float = 0.6
-    signal: str = "draft"
+    accept: float = 0.5
+    escalate: float = 0.3
+    signal: str = "slim"
 
     def __post_init__(self):
         if self.signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
         for name in ("accept", "escalate"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"threshold {name}={value!r} must lie in [0, 1]")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"threshold {name}={value!r} must be a number in [0, 1] (not a bool)")
         if self.escalate > self.accept:
             raise ValueError(
                 f"thresholds out of order: escalate={self.escalate} is above accept={self.accept}; "
                 "need 0 <= escalate <= accept <= 1"
             )
 
+    @classmethod
+    def preset(cls, name: str) -> "Thresholds":
+        """A named setting: "paper" (the paper's rule), "fastest" (measured), "lossless" (plain SD)."""
+        if name not in THRESHOLD_PRESETS:
+            raise ValueError(f"unknown threshold preset {name!r}: use one of {', '.join(THRESHOLD_PRESETS)}")
+        return THRESHOLD_PRESETS[name]
+
+    @property
+    def fixed_tier(self) -> str | None:
+        """The tier of every draft when the thresholds alone decide it (then no signal is needed)."""
+        if self.escalate >= 1.0:
+            return FULL
+        if self.accept <= 0.0:
+            return DRAFT
+        return None
+
     def to_dict(self) -> dict:
         return {"accept": float(self.accept), "escalate": float(self.escalate), "signal": self.signal}
 
 
+# Provisional values until the benchmark sweep on the embedded pair sets them (BENCHMARKS.md):
+# paper = the slim signal with the thresholds both public reimplementations use;
+# fastest = the draft signal with no tier B, fastest at >= 0.95 full-model agreement in the last bench;
+# lossless = every draft to tier C (equals plain SD token for token).
+THRESHOLD_PRESETS: dict[str, Thresholds] = {
+    "paper": Thresholds(accept=0.5, escalate=0.3, signal="slim"),
+    "fastest": Thresholds(accept=0.6, escalate=0.6, signal="draft"),
+    "lossless": Thresholds(accept=1.0, escalate=1.0, signal="draft"),
+}
+
+
 def tier_of(confidence: float, thresholds: Thresholds) -> str:
-    """Tier A (`draft`) if r >= accept, tier B (`slim`) if escalate <= r < accept, else tier C (`full`)."""
-    if confidence >= thresholds.accept:
+    """Tier A (`draft`) if r >= accept, tier B (`slim`) if escalate <= r < accept, else tier C (`full`);
+    a threshold of 1 admits nothing, so accept = escalate = 1 is plain SD."""
+    if confidence >= thresholds.accept and thresholds.accept < 1.0:
         return DRAFT
-    if confidence >= thresholds.escalate:
+    if confidence >= thresholds.escalate and thresholds.escalate < 1.0:
         return SLIM
     return FULL
 

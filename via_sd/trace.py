@@ -5,11 +5,18 @@ Tokens, rounds and candidates are plain dicts so that the JSON round trip is exa
 
 tokens[i]:   i, id, text, round, tier (draft|slim|full), outcome (kept|replaced|bonus),
              p_draft, q_slim, q_full (None where that model did not score it), confidence
-rounds[k]:   round, start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called, candidates[]
+rounds[k]:   round, start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called,
+             forced_by (None, or "max_unverified": tier A was closed this round because that many tokens in
+             a row had been kept with no verifier), candidates[]
 candidate:   pos, token, text, p_draft, q_slim, q_full, slim_top, full_top (the verifiers' top choices
              where they scored the position), confidence, tier,
              decision (accepted: tier A, no verifier | kept: a verifier agreed |
                        replaced: a verifier emitted another token | discarded: after a replacement)
+summary:     new_tokens, wall_ms, tokens_per_s, mean_accepted_length, rejection_rate (the paper's: tier-A
+             drafts count as accepted), verified_rejection_rate (among drafts a verifier checked),
+             unverified_share (tokens kept with no verifier), exact_share (tokens the full verifier decided:
+             only these are exact; "draft" and "slim" tokens are not), drafted, full_calls, slim_calls,
+             tier_counts, ...
 """
 
 from __future__ import annotations
@@ -19,8 +26,11 @@ import io
 import json
 from dataclasses import asdict, dataclass, field
 
+from .trace_check import load_trace_json
+
 SCHEMA = "via-sd-trace/1"
 KEPT_DECISIONS = ("accepted", "kept")
+VERIFIED_DECISIONS = ("kept", "replaced")  # a verifier checked the draft
 
 
 @dataclass
@@ -57,11 +67,7 @@ class Trace:
 
     @classmethod
     def from_json(cls, text: str) -> "Trace":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"not a VIA-SD trace: invalid JSON ({err})") from None
-        return cls.from_dict(data)
+        return cls.from_dict(load_trace_json(text))  # the gate: size and depth, then every field (trace_check)
 
     def candidates(self) -> list[dict]:
         """Every drafted candidate of every round, each with its round number."""
@@ -77,27 +83,59 @@ class Trace:
         return out.getvalue()
 
 
+class Tally:
+    """Running counts for the summary block, updated once per round: O(1) amortized per token."""
+
+    def __init__(self):
+        self.tokens = self.rounds = self.drafted = self.kept = self.checked = self.replaced = 0
+        self.full_calls = self.slim_calls = 0
+        self.tier_counts = {tier: 0 for tier in ("draft", "slim", "full")}
+
+    def add(self, rnd: dict, tokens: list[dict]) -> None:
+        """One recorded round and the tokens it emitted."""
+        self.rounds += 1
+        self.full_calls += int(rnd["full_called"])
+        self.slim_calls += int(rnd.get("slim_called", False))
+        for c in rnd["candidates"]:
+            self.drafted += 1
+            self.kept += c["decision"] in KEPT_DECISIONS
+            self.checked += c["decision"] in VERIFIED_DECISIONS
+            self.replaced += c["decision"] == "replaced"
+        for t in tokens:
+            self.tokens += 1
+            self.tier_counts[t["tier"]] += 1
+
+    def summary(self, prefill_ms: float, wall_ms: float) -> dict:
+        n = self.tokens
+        decode_ms = max(wall_ms - prefill_ms, 1e-9)
+        return {
+            "new_tokens": n,
+            "prefill_ms": prefill_ms,
+            "wall_ms": wall_ms,
+            "tokens_per_s": 1000.0 * n / decode_ms if n else 0.0,
+            "mean_accepted_length": n / self.rounds if self.rounds else 0.0,
+            # as the paper counts it: tier-A drafts (kept with no verifier) count as accepted
+            "rejection_rate": 1.0 - self.kept / self.drafted if self.drafted else 0.0,
+            # among the drafts a verifier checked (slim or full): like with like against plain SD
+            "verified_rejection_rate": self.replaced / self.checked if self.checked else 0.0,
+            "unverified_share": self.tier_counts["draft"] / n if n else 0.0,
+            # exact tokens: the full verifier decided them (tier "full"); tiers "draft" and "slim" are not
+            "exact_share": self.tier_counts["full"] / n if n else 0.0,
+            "drafted": self.drafted,
+            "full_calls": self.full_calls,
+            "full_calls_per_token": self.full_calls / n if n else 0.0,
+            "slim_calls": self.slim_calls,
+            "tier_counts": dict(self.tier_counts),
+        }
+
+
 def summarize(tokens: list[dict], rounds: list[dict], prefill_ms: float, wall_ms: float) -> dict:
-    """The summary block; `tokens_per_s` counts decode time (wall minus prefill; the engine folds
-    prompt processing into round 0, so its prefill_ms is 0 and round 0 carries the prompt's cost)."""
-    candidates = [c for r in rounds for c in r["candidates"]]
-    kept = sum(c["decision"] in KEPT_DECISIONS for c in candidates)
-    n = len(tokens)
-    decode_ms = max(wall_ms - prefill_ms, 1e-9)
-    full_calls = sum(int(r["full_called"]) for r in rounds)
-    tier_counts = {tier: 0 for tier in ("draft", "slim", "full")}
+    """The summary block of a whole trace; `tokens_per_s` counts decode time (wall minus prefill; the
+    engine folds prompt processing into round 0, so its prefill_ms is 0 and round 0 carries the prompt's cost)."""
+    tally = Tally()
+    for r in rounds:
+        tally.add(r, ())
     for t in tokens:
-        tier_counts[t["tier"]] += 1
-    return {
-        "new_tokens": n,
-        "prefill_ms": prefill_ms,
-        "wall_ms": wall_ms,
-        "tokens_per_s": 1000.0 * n / decode_ms if n else 0.0,
-        "mean_accepted_length": n / len(rounds) if rounds else 0.0,
-        "rejection_rate": 1.0 - kept / len(candidates) if candidates else 0.0,
-        "drafted": len(candidates),
-        "full_calls": full_calls,
-        "full_calls_per_token": full_calls / n if n else 0.0,
-        "slim_calls": sum(int(r.get("slim_called", False)) for r in rounds),
-        "tier_counts": tier_counts,
-    }
+        tally.tokens += 1
+        tally.tier_counts[t["tier"]] += 1
+    return tally.summary(prefill_ms, wall_ms)

@@ -30,6 +30,11 @@ def _hover_text(text: str) -> str:
     return html.escape(visible_text(text).replace("\n", ""), quote=False)
 
 
+def _esc(value) -> str:
+    """Any other value from a trace, as text in a Plotly label (which renders a subset of HTML)."""
+    return html.escape(str(value), quote=False)
+
+
 # ---- shared layout -------------------------------------------------------------------------------
 
 def _title(text: str, subtitle: str | None = None) -> dict:
@@ -117,7 +122,7 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
         get_y = (lambda c: c.get("confidence"))
         title = f"Draft confidence vs thresholds — {name}"
         subtitle = (f"signal: {th['signal']} · accept ≥ {th['accept']:.2f} → tier A · escalate < "
-                    f"{th['escalate']:.2f} → tier C · gamma = {trace.config.get('gamma', '?')}")
+                    f"{th['escalate']:.2f} → tier C · gamma = {_esc(trace.config.get('gamma', '?'))}")
     else:
         ylabel = "drafter probability p(x)"
         get_y = (lambda c: c.get("p_draft"))
@@ -164,10 +169,10 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
                         symbol=MARKERS.get(label, "circle"),
                         line=dict(width=2.5 if label in MARKERS else 0.8,
                                   color=P.CANDIDATE_COLORS[label] if label in MARKERS else P.neutral_color(theme))),
-            customdata=[[_hover_text(c.get("text", "")), c.get("round"), c.get("pos", 0) + 1,
+            customdata=[[_hover_text(c.get("text", "")), _esc(c.get("round")), _esc(c.get("pos", 0) + 1),
                          fmt_prob(c.get("p_draft")), fmt_prob(c.get("q_slim")), fmt_prob(c.get("q_full")),
-                         fmt_prob(c.get("confidence")), f"{TIER_LETTER.get(c.get('tier'), '?')} ({c.get('tier')})",
-                         c.get("decision")] for c in group],
+                         fmt_prob(c.get("confidence")), _esc(f"{TIER_LETTER.get(c.get('tier'), '?')} ({c.get('tier')})"),
+                         _esc(c.get("decision"))] for c in group],
             hovertemplate=("<b>%{customdata[0]}</b><br>round %{customdata[1]}, draft %{customdata[2]}"
                            "<br>tier %{customdata[7]}: %{customdata[8]}<br>p_draft %{customdata[3]} · q_slim "
                            "%{customdata[4]} · q_full %{customdata[5]}<br>confidence r %{customdata[6]}"

@@ -11,6 +11,8 @@ the color of their "kept" label, so a tier looks the same in the tokens and in t
 
 from __future__ import annotations
 
+import html
+
 # Okabe & Ito (2008), "Color Universal Design"; grey is the usual ninth, neutral color.
 OKABE_ITO = {
     "black": "#000000",
@@ -86,7 +88,8 @@ LABELS_BY_METHOD = {
 
 
 def method_name(method: str) -> str:
-    return METHOD_NAMES.get(method, str(method))
+    """The display name; an unknown method's own text, escaped (it may come from an uploaded trace)."""
+    return METHOD_NAMES.get(method) or html.escape(str(method))
 
 
 def _linear(channel: int) -> float:

@@ -59,10 +59,10 @@ TIERS = ("draft", "slim", "full")
 
 
 def tier_of(r: float, th: dict) -> str:
-    """Same rule as `via_sd.tiers.tier_of` (kept here so viz needs no torch)."""
-    if r >= th["accept"]:
+    """Same rule as `via_sd.tiers.tier_of` (kept here so viz needs no torch); a threshold of 1 admits nothing."""
+    if r >= th["accept"] and th["accept"] < 1.0:
         return "draft"
-    if r >= th["escalate"]:
+    if r >= th["escalate"] and th["escalate"] < 1.0:
         return "slim"
     return "full"
 
@@ -183,6 +183,9 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
 
     tier_counts = {k: 0 for k in TIERS}
     label_counts: dict[str, int] = {}
+    limit = (trace.config or {}).get("max_new_tokens")  # the run stops there, so the estimate does too
+    limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    capped = 0  # rounds the estimate drops or cuts because the token limit was reached
     est = {"tokens": 0, "kept": 0, "full": 0, "slim": 0, "ms": 0.0}
     rec = {"ms": 0.0}
     missing_cost = {"slim": False, "full": False}
@@ -249,6 +252,11 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
                 emitted.append((row["tier"], token_label(fake, "via")))
             if all_kept and (full_called or slim_called):  # no verifier ran -> no bonus token
                 emitted.append(("full" if full_called else "slim", P.BONUS))
+        if limit is not None and est["tokens"] + len(emitted) > limit:
+            capped += 1
+            emitted = emitted[:limit - est["tokens"]]
+            if not emitted:  # the run would have ended before this round
+                continue
         for tier, label in emitted:
             tier_counts[tier] = tier_counts.get(tier, 0) + 1
             label_counts[label] = label_counts.get(label, 0) + 1
@@ -264,6 +272,8 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
         notes.append(f"{guessed} verifier decision(s) are not in the recording and were guessed")
     if approx:
         notes.append(f"{approx} confidence(s) are approximations (signal {new_signal!r} not recorded)")
+    if capped:
+        notes.append(f"capped at the run's limit of {limit} new tokens ({capped} round(s) cut or dropped)")
     if changed:
         notes.append("rounds are replayed over the recorded drafts; a real run would draft differently "
                      "after a round that ends differently")

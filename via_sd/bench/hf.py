@@ -1,0 +1,50 @@
+"""The baseline: transformers' assisted generation (`verifier.generate(assistant_model=drafter)`) on the same pair."""
+
+from __future__ import annotations
+
+import torch
+
+from ..decoding import DecodeConfig
+
+
+@torch.inference_mode()
+def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dict]:
+    """transformers' assisted generation on the same pair: gamma drafts per round, fixed.
+
+    Returns (new token ids, forward calls per model). The drafter's generation config is restored.
+    """
+    gen_cfg = pair.drafter.generation_config
+    keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    saved = {k: getattr(gen_cfg, k, None) for k in keys}
+    # transformers reads the draft length from the assistant's config; its confidence threshold
+    # ends drafting early as the engine's draft_stop does (0 = off)
+    gen_cfg.num_assistant_tokens, gen_cfg.num_assistant_tokens_schedule = config.gamma, "constant"
+    gen_cfg.assistant_confidence_threshold = float(getattr(config, "draft_stop", 0.0))
+    calls = {"drafter": 0, "full": 0}
+
+    def counter(name):
+        def hook(*_):
+            calls[name] += 1
+        return hook
+
+    hooks = [pair.drafter.register_forward_pre_hook(counter("drafter")),
+             pair.verifier.register_forward_pre_hook(counter("full"))]
+    try:
+        ids = torch.tensor([pair.encode(prompt, chat=config.chat)], device=pair.slim.device)
+        eos = sorted(pair.eos_ids)
+        pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0]
+        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+        if not config.greedy:
+            torch.manual_seed(config.seed)
+        out = pair.verifier.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.drafter,
+                                     do_sample=not config.greedy, max_new_tokens=config.max_new_tokens,
+                                     eos_token_id=eos or None, pad_token_id=pad, repetition_penalty=1.0,
+                                     **sampling)
+        new = out[0, ids.shape[1]:].tolist()
+        pair.tokenizer.decode(new, skip_special_tokens=True)  # as the engine does, so both pay for the text
+    finally:
+        for h in hooks:
+            h.remove()
+        for k, v in saved.items():
+            setattr(gen_cfg, k, v)
+    return new, calls

@@ -1,0 +1,152 @@
+"""Timed runs: one method on one prompt, and the interleaved benchmark of several methods over prompts."""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import replace
+
+import torch
+
+from ..decoding import Clock, DecodeConfig, generate
+from ..fidelity import score_output
+from .calls import trace_record
+from .hf import generate_hf
+from .inputs import as_prompts
+from .metrics import run_key, summarize_bench
+
+SCHEMA = "via-sd-bench/1"
+BENCH_METHODS = ("ar", "sd", "via", "hf")
+
+
+def machine_info(pair) -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    import transformers
+
+    info = {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "device": str(pair.slim.device), "dtype": str(pair.dtype).replace("torch.", ""),
+            "load_average_at_start": list(os.getloadavg())}
+    if pair.slim.device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(pair.slim.device)
+    return info
+
+
+def _reset_peak_memory(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory(device) -> tuple[float, str]:
+    """(MiB, what was measured): CUDA allocator peak of this run, or the process's RSS peak so far."""
+    if torch.device(device).type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "cuda max_memory_allocated (per run)"
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "process peak RSS (ru_maxrss, since start)"
+
+
+def run_once(pair, prompt: str, method: str, config: DecodeConfig) -> tuple[dict, object]:
+    """One timed run: (record, trace or None for `hf`). One clock, CUDA-synchronized, for all."""
+    device = pair.slim.device
+    _reset_peak_memory(device)
+    clock = Clock(device)
+    start = clock.ms()
+    if method == "hf":
+        token_ids, calls = generate_hf(pair, prompt, config)
+        wall_ms = clock.ms() - start
+        n = len(token_ids)
+        record = {"tokens_per_s": 1000.0 * n / wall_ms if wall_ms > 0 else 0.0, "wall_ms": wall_ms,
+                  "new_tokens": n, "prompt_tokens": len(pair.encode(prompt, chat=config.chat)),
+                  "token_ids": token_ids, "drafter_calls": calls["drafter"], "full_calls": calls["full"]}
+        trace = None
+    elif method in ("ar", "sd", "via"):
+        trace = generate(pair, prompt, method, config)
+        wall_ms = clock.ms() - start
+        record = trace_record(trace, wall_ms)
+    else:
+        raise ValueError(f"unknown method {method!r}: use {', '.join(BENCH_METHODS)}")
+    record["peak_memory_mb"], record["peak_memory_kind"] = peak_memory(device)
+    record["load_1min"] = os.getloadavg()[0]  # other processes on the machine: read noisy runs with it
+    return {"method": method, **record}, trace
+
+
+def score_runs(pair, runs: list[dict], prompts: list[dict], config: DecodeConfig, progress=None,
+               label: str = "method", reference: str | None = "ar") -> None:
+    """Adds full-verifier fidelity to every run, and identity / log-prob difference against the
+    `reference` run of the same prompt and repeat. One forward per distinct output (greedy repeats agree)."""
+    prompt_ids = [pair.encode(p["prompt"], chat=config.chat) for p in prompts]
+    distinct = sorted({(r["prompt_index"], tuple(r["token_ids"])) for r in runs}, key=lambda k: (k[0], len(k[1])))
+    scores = {}
+    for n, key in enumerate(distinct):
+        if progress:
+            progress(f"fidelity {n + 1}/{len(distinct)}", n / len(distinct))
+        scores[key] = score_output(pair, prompt_ids[key[0]], list(key[1]))
+    for r in runs:
+        f = scores[(r["prompt_index"], tuple(r["token_ids"]))]
+        r.update({"agreement": f["agreement"], "agreeing": f["agreeing"], "scored_tokens": f["tokens"],
+                  "mean_logprob": f["mean_logprob"], "first_disagreement": f["first_disagreement"]})
+    refs = {run_key(r): r for r in runs if reference and r[label] == reference}
+    for r in runs:
+        ref = refs.get(run_key(r))
+        if ref is not None:
+            r[f"identical_to_{reference}"] = r["token_ids"] == ref["token_ids"]
+            r[f"logprob_delta_vs_{reference}"] = (r["mean_logprob"] - ref["mean_logprob"]
+                                                  if None not in (r["mean_logprob"], ref["mean_logprob"]) else None)
+
+
+def rotated(items: list, k: int) -> list:
+    k %= len(items)
+    return items[k:] + items[:k]
+
+
+def run_bench(pair, prompts, methods=BENCH_METHODS, config: DecodeConfig | None = None, repeats: int = 3,
+              warmup: int = 1, fidelity: bool = True, progress=None) -> dict:
+    """Benchmarks `methods` on `prompts` (dicts {task, prompt} or strings); returns the result dict.
+
+    `progress(message, fraction)` is called after every run.
+    """
+    config = config or DecodeConfig()
+    prompts = as_prompts(prompts)
+    methods = list(dict.fromkeys(methods))
+    unknown = [m for m in methods if m not in BENCH_METHODS]
+    if unknown or not methods:
+        raise ValueError(f"unknown methods {unknown}: use some of {', '.join(BENCH_METHODS)}")
+    if repeats < 1:
+        raise ValueError("repeats must be at least 1")
+    report = progress or (lambda message, fraction: None)
+    machine = machine_info(pair)
+    warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
+    for w in range(warmup):  # first calls pay for allocation and lazy initialisation
+        for method in methods:
+            run_once(pair, prompts[0]["prompt"], method, warm_cfg)
+        report(f"warm-up {w + 1}/{warmup} done", 0.0)
+    runs, total, order = [], repeats * len(prompts) * len(methods), 0
+    for rep in range(repeats):
+        for i, p in enumerate(prompts):
+            # rotate the order so no method always runs first (or right after the same neighbour)
+            for method in rotated(methods, rep * len(prompts) + i):
+                record, _ = run_once(pair, p["prompt"], method, config)
+                record.update(prompt_index=i, task=p["task"], repeat=rep, order=order)
+                runs.append(record)
+                order += 1
+                report(f"repeat {rep + 1}/{repeats}, prompt {i + 1}/{len(prompts)} ({p['task']}), {method}: "
+                       f"{record['tokens_per_s']:.2f} tokens/s", order / total)
+    if fidelity:
+        score_runs(pair, runs, prompts, config, progress=report, reference="ar" if "ar" in methods else None)
+    result = {
+        "schema": SCHEMA, "kind": "bench", "machine": {**machine, "load_average_at_end": list(os.getloadavg())},
+        "models": pair.describe(),
+        "config": config.to_dict(), "methods": methods, "repeats": repeats, "warmup": warmup,
+        "tokens_per_s_counts": "new tokens / wall time of the whole call (encoding and prefill included)",
+        "prompts": [{"index": i, "task": p["task"], "prompt": p["prompt"]} for i, p in enumerate(prompts)],
+        "runs": runs,
+    }
+    summarize_bench(result)
+    return result

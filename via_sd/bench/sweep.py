@@ -1,0 +1,127 @@
+"""The threshold sweep: VIA-SD over a grid of thresholds, signals and routes, against plain SD run alongside."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from ..decoding import DecodeConfig
+from ..tiers import Thresholds
+from .inputs import as_prompts
+from .metrics import FIDELITY_TARGET, metrics
+from .run import SCHEMA, machine_info, rotated, run_once, score_runs
+
+
+def pareto(points: list[dict], x: str = "fidelity", y: str = "speedup") -> list[dict]:
+    """Points no other point beats on both `x` and `y` (ties kept), sorted by `x`."""
+    valid = [p for p in points if p.get(x) is not None and p.get(y) is not None]
+    front = [p for p in valid if not any(q[x] >= p[x] and q[y] >= p[y] and (q[x] > p[x] or q[y] > p[y])
+                                         for q in valid)]
+    return sorted(front, key=lambda p: (p[x], -p[y]))
+
+
+def _route_label(route) -> str:
+    return route.name if route.name != "custom" else ",".join(route.skip) or "none"
+
+
+def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.7, 0.9), escalate=(0.0, 0.2, 0.4),
+              signals=("slim", "draft"), routes=None, repeats: int = 1, warmup: int = 1, progress=None,
+              stop=None) -> dict:
+    """VIA-SD over a threshold grid (escalate <= accept) per signal and route, against plain SD
+    measured in the same interleaved run. Returns points (speed-up vs SD, fidelity), the frontier
+    and the fastest point with agreement >= 0.95.
+
+    `routes`: list of anything `pair.set_route` takes; None keeps the pair's route. Under greedy
+    decoding a point's output is deterministic, so fidelity needs one forward per distinct output.
+    `stop`: anything with `is_set()`, checked between measured runs; once set, the sweep ends there and
+    reports what it measured (points without a run are left out; "stopped" is True).
+    """
+    config = config or DecodeConfig()
+    prompts = as_prompts(prompts)
+    report = progress or (lambda message, fraction: None)
+    machine = machine_info(pair)
+    original = pair.slim
+    route_list = list(routes) if routes else [None]
+    settings = [(route, signal, a, e) for route in route_list for signal in signals
+                for a in accept for e in escalate if e <= a + 1e-9]
+    if not settings:
+        raise ValueError("the sweep grid is empty: every escalate value is above every accept value")
+
+    def via_config(setting):
+        _, signal, a, e = setting
+        return replace(config, thresholds=Thresholds(accept=a, escalate=min(e, a), signal=signal))
+
+    def use_route(route):
+        pair.slim = original
+        if route is not None:
+            pair.set_route(route)
+
+    runs, points_meta = [], []
+    try:
+        for setting in settings:
+            use_route(setting[0])
+            points_meta.append({"route": _route_label(pair.route), "skipped": list(pair.route.skip),
+                                "skip_fraction": pair.route.skip_fraction, "signal": setting[1],
+                                "accept": setting[2], "escalate": setting[3]})
+        warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
+        for _ in range(warmup):
+            run_once(pair, prompts[0]["prompt"], "sd", warm_cfg)
+            use_route(settings[0][0])
+            run_once(pair, prompts[0]["prompt"], "via", replace(via_config(settings[0]), max_new_tokens=16))
+        labels = ["sd"] + [f"point{k}" for k in range(len(settings))]
+        total, done = repeats * len(prompts) * len(labels), 0
+        for rep, i, label in ((rep, i, label) for rep in range(repeats) for i in range(len(prompts))
+                              for label in rotated(labels, rep * len(prompts) + i)):
+            if stop is not None and stop.is_set():
+                break
+            p = prompts[i]
+            if label == "sd":
+                record, _ = run_once(pair, p["prompt"], "sd", config)
+            else:
+                setting = settings[int(label[5:])]
+                use_route(setting[0])
+                record, _ = run_once(pair, p["prompt"], "via", via_config(setting))
+            record.update(label=label, prompt_index=i, task=p["task"], repeat=rep, order=done)
+            runs.append(record)
+            done += 1
+            report(f"sweep {done}/{total}: {label} on prompt {i + 1}: {record['tokens_per_s']:.2f} tokens/s",
+                   done / total)
+    finally:
+        pair.slim = original
+    stopped = done < total
+    measured = {r["label"] for r in runs}
+    if "sd" not in measured:  # stopped before the baseline ran: nothing to compare with
+        return {"schema": SCHEMA, "kind": "sweep", "stopped": True, "sd": None, "points": [], "frontier": [],
+                "best": None, "runs": runs}
+    # SD's greedy output is the full model's own, so it is the fidelity reference
+    score_runs(pair, runs, prompts, config, progress=report, label="label", reference="sd")
+    sd = metrics([r for r in runs if r["label"] == "sd"], runs, label="label", ar=None, sd="sd", reference="sd")
+    points = []
+    for k, meta in enumerate(points_meta):
+        if f"point{k}" not in measured:
+            continue
+        m = metrics([r for r in runs if r["label"] == f"point{k}"], runs, label="label", ar=None, sd="sd",
+                    reference="sd")
+        points.append({**meta, "speedup": m["speedup_vs_sd"], "fidelity": m["agreement"],
+                       "tokens_per_s": m["tokens_per_s"], "mean_logprob": m["mean_logprob"],
+                       "logprob_delta_vs_sd": m["logprob_delta_vs_sd"], "identical_to_sd": m["identical_to_sd"],
+                       "rejection_rate": m["rejection_rate"], "mean_accepted_length": m["mean_accepted_length"],
+                       "full_calls_per_token": m["full_calls_per_token"],
+                       "slim_calls_per_token": m["slim_calls_per_token"], "tier_shares": m["tier_shares"]})
+    front = pareto(points)
+    for p in points:
+        p["pareto"] = p in front
+    good = [p for p in points if p["fidelity"] is not None and p["fidelity"] >= FIDELITY_TARGET
+            and p["speedup"] is not None]
+    best = max(good, key=lambda p: p["speedup"]) if good else None
+    return {
+        "schema": SCHEMA, "kind": "sweep", "machine": {**machine, "load_average_at_end": list(os.getloadavg())},
+        "models": pair.describe(),
+        "config": config.to_dict(), "repeats": repeats, "warmup": warmup, "baseline": "sd",
+        "speedup_is": "median paired tokens/s ratio VIA-SD / plain SD (same prompt, same repeat)",
+        "fidelity_is": "full-model top-1 agreement on the emitted tokens (teacher-forced)",
+        "prompts": [{"index": i, "task": p["task"], "prompt": p["prompt"]} for i, p in enumerate(prompts)],
+        "sd": {"method": "sd", "speedup": 1.0, "fidelity": sd["agreement"], "tokens_per_s": sd["tokens_per_s"],
+               "rejection_rate": sd["rejection_rate"], "mean_accepted_length": sd["mean_accepted_length"]},
+        "points": points, "frontier": front, "best": best, "runs": runs, "stopped": stopped,
+    }

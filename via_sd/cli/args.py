@@ -1,0 +1,63 @@
+"""Arguments shared by the sub-commands: which pair to load, how to decode, progress lines on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default=None, help="embedded (default), gpu, cpu, tiny or random")
+    parser.add_argument("--drafter", help="hub id, local folder or .gguf file (instead of a preset)")
+    parser.add_argument("--verifier", help="hub id, local folder or .gguf file (instead of a preset)")
+    parser.add_argument("--route", help="slim verifier route: shipped name, .json file, 'none', or attn.7,mlp.12")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+
+
+def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--gamma", type=int, default=5, help="draft tokens per round")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--draft-stop", type=float, default=None,
+                        help="end a round's drafting once the drafter's p(x) falls below this (0 = never)")
+    parser.add_argument("--accept", type=float, default=None, help="tier A threshold (default: shipped)")
+    parser.add_argument("--escalate", type=float, default=None, help="tier C threshold (default: shipped)")
+    parser.add_argument("--signal", choices=["slim", "draft"], default=None, help="whose confidence sorts tokens")
+    parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+
+
+def parse_route(text: str | None):
+    """A --route / --routes value: "attn.7,mlp.12" becomes a list of sub-layers, anything else stays a name."""
+    if text and ("," in text or text.startswith(("attn.", "mlp."))):
+        return [s.strip() for s in text.split(",") if s.strip()]
+    return text
+
+
+def print_progress(message: str, fraction: float) -> None:
+    print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
+
+
+def pair_from_args(args):
+    """The pair the flags name, with the route a face gives it at once (a provisional one never waits on a search)."""
+    from .. import load_pair
+    from ..route_search.resolve import pick_route
+
+    preset = args.preset or (None if args.drafter or args.verifier else "embedded")
+    pair = load_pair(preset, drafter=args.drafter, verifier=args.verifier, route=parse_route(args.route),
+                     device=args.device, progress=print_progress)
+    pick_route(pair, progress=print_progress)
+    return pair
+
+
+def config_from_args(args):
+    from .. import DecodeConfig, Thresholds
+
+    base = Thresholds()
+    thresholds = Thresholds(accept=base.accept if args.accept is None else args.accept,
+                            escalate=base.escalate if args.escalate is None else args.escalate,
+                            signal=args.signal or base.signal)
+    return DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=args.top_p, seed=args.seed, thresholds=thresholds, chat=not args.no_chat,
+                        draft_stop=DecodeConfig.draft_stop if args.draft_stop is None else args.draft_stop)

@@ -1,0 +1,67 @@
+"""`python -m via_sd bench`: the benchmark and threshold sweep from the command line (code: via_sd/bench/)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..bench import DEFAULT_PROMPTS, load_prompts, markdown, markdown_sweep, parse_grid, project, run_bench, run_sweep
+from .args import (add_decode_arguments, add_pair_arguments, config_from_args, pair_from_args, parse_route,
+                   print_progress)
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark AR, SD, VIA-SD and HF assisted generation side by side")
+    add_pair_arguments(p)
+    add_decode_arguments(p)
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON lines {task, prompt} (default: mixed)")
+    p.add_argument("--tasks", help="only these tasks, comma-separated")
+    p.add_argument("--limit", type=int, help="only the first N prompts")
+    p.add_argument("--methods", default="ar,sd,via,hf", help="comma-separated, from ar,sd,via,hf")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1, help="warm-up rounds of every method before timing")
+    p.add_argument("--no-fidelity", action="store_true", help="skip the full-model fidelity pass")
+    p.add_argument("--sweep", help="threshold grid, e.g. accept=0.3:0.9:0.1,escalate=0.0:0.6:0.1")
+    p.add_argument("--signals", help="sweep these signals (default: slim,draft)")
+    p.add_argument("--routes", nargs="+", help="sweep these slim routes (names, .json files or attn.3,attn.4 lists)")
+    p.add_argument("--gpu-costs", help="forward costs from scripts/gpu_check.py: add a projected speed-up")
+    p.add_argument("--json", help="write every run and the summary to this file")
+    p.add_argument("--markdown", help="also write the markdown table to this file")
+    p.set_defaults(run=cmd_bench)
+
+
+def cmd_bench(args) -> int:
+    prompts = load_prompts(args.prompts, tasks=args.tasks.split(",") if args.tasks else None, limit=args.limit)
+    config = config_from_args(args)
+    costs = None
+    if args.gpu_costs:
+        costs = json.loads(Path(args.gpu_costs).read_text())
+    pair = pair_from_args(args)
+    started = time.time()
+    if args.sweep or args.routes:
+        grid = parse_grid(args.sweep) if args.sweep else {}
+        th = config.thresholds
+        signals = args.signals.split(",") if args.signals else (["slim", "draft"] if args.sweep else [th.signal])
+        result = run_sweep(pair, prompts, config, accept=grid.get("accept", [th.accept]),
+                           escalate=grid.get("escalate", [th.escalate]), signals=signals,
+                           routes=[parse_route(r) for r in args.routes] if args.routes else None,
+                           repeats=args.repeats, warmup=args.warmup, progress=print_progress)
+        text = markdown_sweep(result)
+    else:
+        result = run_bench(pair, prompts, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+                           config=config, repeats=args.repeats, warmup=args.warmup, fidelity=not args.no_fidelity,
+                           progress=print_progress)
+        if costs:
+            result["projection"] = project(result, costs)
+        text = markdown(result)
+    result["elapsed_s"] = time.time() - started
+    result["command"] = "python -m via_sd " + " ".join(sys.argv[1:])
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+        print(f"results written to {args.json}", file=sys.stderr)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0

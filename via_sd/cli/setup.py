@@ -1,0 +1,16 @@
+"""`python -m via_sd setup`: assemble, verify and convert the embedded pair once."""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    setup = sub.add_parser("setup", help="assemble, verify and convert the embedded pair once")
+    setup.set_defaults(run=cmd_setup)
+
+
+def cmd_setup(args) -> int:
+    from ..embedded import embedded_model_dirs
+
+    drafter_dir, verifier_dir = embedded_model_dirs()
+    print(f"embedded pair ready:\n  drafter  {drafter_dir}\n  verifier {verifier_dir}")
+    return 0

@@ -1,0 +1,415 @@
+"""GGUF tensors -> integer codes with per-group scale and offset, straight from the blocks.
+
+Every GGUF block type we take is, per group of `group` weights along a row, an affine map of small
+unsigned integer codes:
+
+    w = (codes - zero) * scale [+ offset]
+
+    type   bits group  zero  scale          offset
+    Q4_0    4    32     8    d              -
+    Q4_1    4    32     0    d              m
+    Q5_0    5    32    16    d              -
+    Q5_1    5    32     0    d              m
+    Q8_0    8    32   128    d              -
+    Q4_K    4    32     0    d * sc[j]      -dmin * m[j]
+    Q5_K    5    32     0    d * sc[j]      -dmin * m[j]
+    Q6_K    6    16    32    d * sc[j]      -
+
+computed in float32 in the same order as the `gguf` package's reference de-quantizer, so
+`dequantize(decompose(...))` equals `gguf.quants.dequantize(...)` bit for bit. F32 / F16 / BF16
+tensors stay floats. Anything else (IQ*, Q2_K, Q3_K, TQ*, MXFP4...) is an UnsupportedTensorType.
+Nothing here builds the whole float model: one tensor at a time, as numpy arrays.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class UnsupportedTensorType(ValueError):
+    """A GGUF tensor type we cannot unpack; names the type, the tensor and the file."""
+
+
+@dataclass
+class Codes:
+    """A [rows, cols] weight as codes (uint8, one per weight) with per-group scale / offset."""
+
+    codes: np.ndarray            # uint8 [rows, cols]
+    scale: np.ndarray            # float32 [rows, cols // group]
+    offset: np.ndarray | None    # float32 [rows, cols // group] or None
+    zero: int
+    bits: int
+    group: int
+    type: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self) -> np.ndarray:
+        rows, cols = self.codes.shape
+        q = (self.codes.astype(np.int16) - self.zero).astype(np.float32).reshape(rows, -1, self.group)
+        w = q * self.scale[..., None]
+        if self.offset is not None:
+            w = w + self.offset[..., None]
+        return w.reshape(rows, cols)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, runs: int, width: int) -> np.ndarray:
+    """Low nibbles of each run of `width` bytes, then their high nibbles (ggml's order)."""
+    n = qs.shape[0]
+    q = qs.reshape(n, runs, 1, width) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(0x0F)).reshape(n, runs * 2 * width)
+
+
+def _high_bits32(qh: np.ndarray) -> np.ndarray:
+    n = qh.shape[0]
+    bits = qh.copy().view(np.uint32).reshape(n, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
+    return (bits & np.uint32(1)).astype(np.uint8)
+
+
+def _q4_0(b):
+    d, qs = b[:, :2], b[:, 2:]
+    return _nibbles(qs, 1, 16), _f16(d), None, 8, 4, 32
+
+
+def _q4_1(b):
+    d, m, qs = b[:, :2], b[:, 2:4], b[:, 4:]
+    return _nibbles(qs, 1, 16), _f16(d), _f16(m), 0, 4, 32
+
+
+def _q5_0(b):
+    d, qh, qs = b[:, :2], b[:, 2:6], b[:, 6:]
+    return _nibbles(qs, 1, 16) | (_high_bits32(qh) << np.uint8(4)), _f16(d), None, 16, 5, 32
+
+
+def _q5_1(b):
+    d, m, qh, qs = b[:, :2], b[:, 2:4], b[:, 4:8], b[:, 8:]
+    return _nibbles(qs, 1, 16) | (_high_bits32(qh) << np.uint8(4)), _f16(d), _f16(m), 0, 5, 32
+
+
+def _q8_0(b):
+    d, x = b[:, :2], b[:, 2:]
+    return (x.view(np.int8).astype(np.int16) + 128).astype(np.uint8), _f16(d), None, 128, 8, 32
+
+
+def _k_scales(b):
+    from gguf.quants import Q4_K
+
+    d, dmin, scales = _f16(b[:, :2]), _f16(b[:, 2:4]), b[:, 4:16]
+    sc, m = Q4_K.get_scale_min(scales.copy())
+    return d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+
+
+def _q4_k(b):
+    scale, offset = _k_scales(b)
+    return _nibbles(b[:, 16:], 4, 32), scale, offset, 0, 4, 32
+
+
+def _q5_k(b):
+    scale, offset = _k_scales(b)
+    n = b.shape[0]
+    qh, qs = b[:, 16:48], b[:, 48:]
+    high = (qh.reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    return _nibbles(qs, 4, 32) | (high.reshape(n, 256) << np.uint8(4)), scale, offset, 0, 5, 32
+
+
+def _q6_k(b):
+    n = b.shape[0]
+    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], b[:, 208:210]
+    scale = _f16(d) * scales.copy().view(np.int8).astype(np.float32)
+    low = _nibbles(ql, 2, 64)
+    high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    return low | (high.reshape(n, 256) << np.uint8(4)), scale, None, 32, 6, 16
+
+
+DECOMPOSE = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
+             "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+FLOAT_TYPES = ("F32", "F16", "BF16")
+SUPPORTED = (*FLOAT_TYPES, *DECOMPOSE)
+
+
+def decompose(data: np.ndarray, type_name: str, shape: tuple[int, int], where: str = "") -> Codes:
+    """Raw blocks of a [rows, cols] tensor (uint8, [rows, bytes_per_row]) -> Codes."""
+    if type_name not in DECOMPOSE:
+        raise UnsupportedTensorType(f"GGUF tensor type {type_name} is not supported{where}; "
+                                    f"supported: {', '.join(SUPPORTED)}")
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    rows, cols = shape
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(rows * cols // block, nbytes)
+    codes, scale, offset, zero, bits, group = DECOMPOSE[type_name](blocks)
+    return Codes(codes.reshape(rows, cols), scale.reshape(rows, cols // group).astype(np.float32),
+                 None if offset is None else offset.reshape(rows, cols // group).astype(np.float32),
+                 zero, bits, group, type_name)
+
+
+def gguf_tensors(path: str | Path):
+    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GGUF file, one at a time."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ggml lists the fastest dim first
+        if kind in FLOAT_TYPES:
+            data = np.asarray(t.data)
+            if kind == "BF16":
+                data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            yield t.name, data.reshape(shape)
+        elif len(shape) == 2:
+            yield t.name, decompose(t.data, kind, shape, where=f" (tensor {t.name} in {path})")
+        else:
+            raise UnsupportedTensorType(f"GGUF tensor {t.name} in {path}: type {kind} with shape {shape} "
+                                        "is not supported (quantized tensors must be 2-D)")
+
+
+# ---- the cache: one safetensors file of codes / scales / offsets (and float tensors) per model ----
+
+WEIGHTS_FILE = "weights.safetensors"
+
+
+def _architecture(path) -> str:
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(path)).fields["general.architecture"]
+    return bytes(field.parts[field.data[0]]).decode()
+
+
+def _hf_names(config, path) -> tuple[dict[str, str], object]:
+    """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
+                                                         get_gguf_hf_weights_map)
+
+    arch = _architecture(path)
+    processor_class = TENSOR_PROCESSORS.get(arch, TensorProcessor)
+    if processor_class not in (TensorProcessor, LlamaTensorProcessor):
+        raise UnsupportedTensorType(f"{path}: GGUF architecture {arch!r} needs transformers' own tensor processing; "
+                                    "load it with weights='fp32' or 'bf16'")
+    with init_empty_weights():
+        meta = AutoModelForCausalLM.from_config(config)
+    return get_gguf_hf_weights_map(meta, processor_class(config=config.to_dict())), processor_class
+
+
+def _llama_rows(name: str, rows: int, config) -> np.ndarray | None:
+    """llama.cpp permutes the rows of Llama's q / k weights for its rotary layout; the row order
+    transformers undoes it with (codes, scales and offsets move with their rows)."""
+    heads = config.num_attention_heads
+    if ".attn_q." in name:
+        n = heads
+    elif ".attn_k." in name:
+        n = config.num_key_value_heads or heads
+    else:
+        return None
+    index = np.arange(rows)
+    return index.reshape(n, rows // n // 2, 2).swapaxes(2, 1).reshape(rows)
+
+
+def gguf_entries(path, config):
+    """Yields (hf_name, Codes | float ndarray) of a GGUF file in transformers' parameter names."""
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    names, processor = _hf_names(config, path)
+    for name, value in gguf_tensors(path):
+        hf = names.get(name)
+        if hf is None:
+            continue  # e.g. rope_freqs: derived from the config by transformers too
+        if processor is LlamaTensorProcessor:
+            rows = _llama_rows(name, value.shape[0], config)
+            if rows is not None:
+                value = value[rows] if isinstance(value, np.ndarray) else Codes(
+                    value.codes[rows], value.scale[rows], None if value.offset is None else value.offset[rows],
+                    value.zero, value.bits, value.group, value.type)
+        yield hf, value
+
+
+def gguf_config(path):
+    """The transformers config of a GGUF file; the head is tied only when the file has no output.weight."""
+    from gguf import GGUFReader
+    from transformers import AutoConfig
+
+    path = Path(path)
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.tie_word_embeddings = not any(t.name == "output.weight" for t in GGUFReader(str(path)).tensors)
+    return config
+
+
+def write_cache(path, out) -> dict:
+    """GGUF file -> <out>/weights.safetensors + config.json: codes, scales and offsets as stored,
+    4-bit codes two to a byte. Returns {tensor type: count}."""
+    from safetensors.torch import save_file
+
+    config = gguf_config(path)
+    tensors, meta, counts = {}, {}, {}
+    for hf, value in gguf_entries(path, config):
+        if isinstance(value, Codes):
+            codes = value.codes
+            if value.bits == 4:
+                codes = codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))
+            tensors[f"{hf}.codes"] = torch.from_numpy(np.ascontiguousarray(codes))
+            tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
+            if value.offset is not None:
+                tensors[f"{hf}.offset"] = torch.from_numpy(value.offset)
+            meta[hf] = {"type": value.type, "bits": value.bits, "group": value.group, "zero": value.zero,
+                        "shape": list(value.shape)}
+            counts[value.type] = counts.get(value.type, 0) + 1
+        else:
+            tensors[hf] = torch.from_numpy(np.ascontiguousarray(value))
+            counts[str(value.dtype)] = counts.get(str(value.dtype), 0) + 1
+    Path(out).mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(Path(out) / WEIGHTS_FILE), metadata={"via_sd": json.dumps(meta)})
+    config.save_pretrained(str(out))
+    return counts
+
+
+class Entries:
+    """Read side of a cache file (or of a GGUF file held in memory): torch tensors by HF name."""
+
+    def __init__(self, tensors, meta: dict):
+        self.tensors, self.meta = tensors, meta
+
+    @classmethod
+    def from_cache(cls, folder):
+        from safetensors import safe_open
+
+        handle = safe_open(str(Path(folder) / WEIGHTS_FILE), "pt")
+        meta = json.loads(handle.metadata()["via_sd"])
+        return cls(handle, meta)
+
+    @classmethod
+    def from_gguf(cls, path, config):
+        tensors, meta = {}, {}
+        for hf, value in gguf_entries(path, config):
+            if isinstance(value, Codes):
+                tensors[f"{hf}.codes"] = torch.from_numpy(value.codes)
+                tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
+                if value.offset is not None:
+                    tensors[f"{hf}.offset"] = torch.from_numpy(value.offset)
+                meta[hf] = {"type": value.type, "bits": value.bits, "group": value.group, "zero": value.zero,
+                            "shape": list(value.shape), "unpacked": True}
+            else:
+                tensors[hf] = torch.from_numpy(np.ascontiguousarray(value))
+        return cls(tensors, meta)
+
+    def _get(self, key):
+        return self.tensors.get_tensor(key) if hasattr(self.tensors, "get_tensor") else self.tensors[key]
+
+    def keys(self) -> set[str]:
+        return set(self.meta) | {k for k in self.tensors.keys() if not k.rsplit(".", 1)[-1] in ("codes", "scale", "offset")
+                                 or k.rsplit(".", 1)[0] not in self.meta}
+
+    def is_codes(self, name: str) -> bool:
+        return name in self.meta
+
+    def float(self, name: str):
+        return self._get(name).float()
+
+    def codes(self, name: str):
+        """(codes uint8 [N, K], scale, offset or None, info dict)."""
+        info = self.meta[name]
+        codes = self._get(f"{name}.codes")
+        if info["bits"] == 4 and not info.get("unpacked"):
+            codes = torch.stack([codes & 15, codes >> 4], -1).view(codes.shape[0], -1)
+        offset = self._get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
+        return codes, self._get(f"{name}.scale"), offset, info
+
+    def dequantize(self, name: str, rows: slice = slice(None)):
+        """float32 [rows, K] of a codes tensor, as the gguf reference de-quantizer computes it."""
+        codes, scale, offset, info = self.codes(name)
+        codes, scale = codes[rows], scale[rows]
+        n, k = codes.shape
+        w = (codes.to(torch.int16) - info["zero"]).float().view(n, -1, info["group"]) * scale[..., None]
+        if offset is not None:
+            w = w + offset[rows][..., None]
+        return w.view(n, k)
+
+
+
+def build_model(config, entries: Entries, weights: str, rows: int = 8192):
+    """A transformers causal LM from codes / float tensors, in the requested weights setting,
+    one tensor at a time (the whole float model exists only for fp32 / bf16 / int8-dyn)."""
+    from accelerate import init_empty_weights
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+
+    from .lowbit import GROUP, Int4Linear, LowbitEmbedding, int4_shape_ok, quantize_int4, to_int8_dynamic
+
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+    have = entries.keys()
+
+    def source(name):
+        if name in have:
+            return name
+        if name == "lm_head.weight" and "model.embed_tokens.weight" in have:  # a tied head
+            return "model.embed_tokens.weight"
+        raise KeyError(f"the weights have no {name}")
+
+    def dense(name):
+        name = source(name)
+        w = entries.dequantize(name) if entries.is_codes(name) else entries.float(name)
+        return nn.Parameter(w.to(dtype), requires_grad=False)
+
+    def int4_chunks(name):
+        codes, scale, offset, info = entries.codes(name)
+        for i in range(0, codes.shape[0], rows):
+            part = slice(i, i + rows)
+            if info["bits"] == 4 and info["group"] == GROUP:  # Q4_K / Q4_0 / Q4_1: the same numbers, re-packed
+                s = scale[part].float()
+                zero = (8 - info["zero"]) * s + (offset[part].float() if offset is not None else 0)
+                yield codes[part], s, zero
+            else:  # 5-, 6-, 8-bit or group 16: re-quantized to 4 bits from the exact values
+                yield quantize_int4(entries.dequantize(name, part))
+
+    for name, module in list(model.named_modules()):
+        parent, _, child = name.rpartition(".")
+        holder = model.get_submodule(parent) if parent else model
+        if isinstance(module, nn.Linear):
+            w = source(f"{name}.weight")
+            bias = entries.float(f"{name}.bias") if module.bias is not None else None
+            if weights == "int4" and int4_shape_ok(module.out_features, module.in_features):
+                chunks = int4_chunks(w) if entries.is_codes(w) else (
+                    quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, module.out_features, rows))
+                setattr(holder, child, Int4Linear.from_codes(chunks, bias))
+            else:
+                module.weight = dense(w)
+                if bias is not None:
+                    module.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
+        elif isinstance(module, nn.Embedding):
+            w = source(f"{name}.weight")
+            if weights == "int4" and entries.is_codes(w):
+                codes, scale, offset, info = entries.codes(w)
+                setattr(holder, child, LowbitEmbedding(codes, scale, offset, info["zero"], info["group"],
+                                                       module.padding_idx))
+            else:
+                module.weight = dense(w)
+    for name, param in list(model.named_parameters()):
+        if param.is_meta:  # norms and anything else: plain float tensors
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, dense(name))
+    for name, buf in model.named_buffers():
+        if buf.is_meta:
+            raise RuntimeError(f"buffer {name} was not initialised")
+    model.eval()
+    if weights == "int8-dyn":
+        to_int8_dynamic(model)
+    elif weights == "int4":
+        from .lowbit import choose_kernels
+
+        choose_kernels(model)
+    return model

@@ -1,0 +1,98 @@
+"""What a route costs and how close it stays: timed slim vs full forwards, and routes with measured numbers."""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from ..routing import Route, SlimVerifier, resolve_route
+from .cache import model_identity
+from .sublayers import skip_set, weight_share
+from .teacher import TeacherForced
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu ({cpu}, {torch.get_num_threads()} threads)"
+
+
+def measure_cost(pair, route: Route, gamma: int = 5, kv_length: int = 256, repeats: int = 9) -> dict:
+    """Time of a slim forward relative to a full one, for one token and a gamma+1-token verification step,
+    both after a KV cache of `kv_length` tokens; paired, interleaved repeats, median of the per-repeat ratios."""
+    verifier = pair.verifier
+    slim = SlimVerifier(verifier, resolve_route(route, verifier.config.num_hidden_layers))
+    device = slim.device
+    ids = torch.randint(0, min(pair.vocab_size, 30000), (1, kv_length + gamma + 1),
+                        generator=torch.Generator().manual_seed(0)).to(device)
+    models = {"full": verifier, "slim": slim}
+    caches = {who: DynamicCache() for who in models}
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+
+    @torch.inference_mode()
+    def step(who: str, tokens: int) -> float:
+        sync()
+        t0 = time.perf_counter()
+        models[who](input_ids=ids[:, kv_length:kv_length + tokens], past_key_values=caches[who], use_cache=True,
+                    logits_to_keep=tokens)
+        sync()
+        elapsed = time.perf_counter() - t0
+        caches[who].crop(-tokens)
+        return elapsed * 1000
+
+    with torch.inference_mode():
+        for who in models:
+            models[who](input_ids=ids[:, :kv_length], past_key_values=caches[who], use_cache=True, logits_to_keep=1)
+    out = {"device": device_name(device), "dtype": str(pair.dtype).replace("torch.", ""), "kv_length": kv_length,
+           "gamma": gamma, "repeats": repeats, "torch": torch.__version__,
+           "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    for key, tokens in (("one_token", 1), ("verify_step", gamma + 1)):
+        for who in models:  # warm-up
+            step(who, tokens)
+        times = {"full": [], "slim": []}
+        for r in range(repeats):
+            for who in (("full", "slim") if r % 2 == 0 else ("slim", "full")):
+                times[who].append(step(who, tokens))
+        ratios = [s / f for s, f in zip(times["slim"], times["full"])]
+        out[key] = {"tokens": tokens, "full_ms": round(statistics.median(times["full"]), 2),
+                    "slim_ms": round(statistics.median(times["slim"]), 2),
+                    "ratio": round(statistics.median(ratios), 3)}
+    return out
+
+
+def measure_route(pair, route, texts: dict, gamma: int = 5, kv_length: int = 256, repeats: int = 9,
+                  cost: bool = True) -> Route:
+    """The route with measured numbers in its meta: for each named text set ("calibration", "held_out")
+    the top-1 agreement and KL against the full verifier, the weight shares, and (if `cost`) timings."""
+    n = pair.verifier.config.num_hidden_layers
+    route = resolve_route(route, n)
+    meta = dict(route.meta)
+    for key, texts_ in texts.items():
+        tf = texts_ if isinstance(texts_, TeacherForced) else TeacherForced(pair.verifier, texts_)
+        result = tf.evaluate(skip_set(route))
+        meta[key] = {"source": tf.texts.source, "sequences": len(tf.texts.sequences),
+                     "scored_tokens": tf.texts.scored_tokens, "top1_agreement": round(result.agreement, 4),
+                     "kl": round(result.kl, 5)}
+    meta["weights"] = weight_share(pair.verifier, route)
+    if cost:
+        meta["cost"] = measure_cost(pair, route, gamma, kv_length, repeats)
+    meta.setdefault("model", model_identity(pair))
+    return Route(route.name, route.skip, n, meta)
