@@ -516,7 +516,9 @@ FRAME_S = 1 / 15  # at most ~15 page updates a second: more than a browser shows
 
 def stream_events(pair, prompt, method, config, stop=None):
     """The engine's fine-grained events (drafts proposed, tier decided, round recorded)."""
-    return via_sd.stream_events(pair, prompt, method, config, stop=stop)
+    from via_sd.decoding import stream_events as events  # also exported as via_sd.stream_events
+
+    return events(pair, prompt, method, config, stop=stop)
 
 
 def with_replacements(candidates: list[dict], pair, greedy: bool) -> list[dict]:

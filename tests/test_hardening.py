@@ -127,6 +127,21 @@ FREE_TEXT = {"prompt", "text", "device", "dtype", "models.drafter", "models.veri
              "models.skipped[]", "tokens[].text", "rounds[].candidates[].text"}
 
 
+def parsed(page: str) -> tuple[set, set]:
+    """(tag names, event-handler attributes) a browser would build from `page`."""
+    from html.parser import HTMLParser
+
+    tags, handlers = set(), set()
+
+    class Collect(HTMLParser):
+        def handle_starttag(self, tag, attrs):
+            tags.add(tag)
+            handlers.update(name for name, _ in attrs if name.startswith("on"))
+
+    Collect().feed(page)
+    return tags, handlers
+
+
 def html_outputs(out) -> str:
     """Every HTML string a replay puts in the page: panes, metrics and status, the learn view of every round,
     the what-if card."""
@@ -170,10 +185,8 @@ def test_a_hostile_trace_is_refused_naming_the_field_or_rendered_escaped(traces,
                 assert kind not in ("nan", "inf", "-inf", "huge int", "huge", "deep"), f"{path} <- {kind}: accepted"
                 assert shape not in DOCUMENTED or (shape in FREE_TEXT and kind.startswith("html")), \
                     f"{path} <- {kind}: a documented field accepted {bad!r}"
-                page = html_outputs(out)
-                for payload in XSS:
-                    assert payload not in page, f"{path} <- {kind}: rendered unescaped"
-                assert "onerror=\"" not in page and "<svg" not in page and "<script" not in page
+                tags, handlers = parsed(html_outputs(out))
+                assert not tags & {"img", "svg", "script"} and not handlers, f"{path} <- {kind}: rendered unescaped"
     assert refused > 100 and rendered > 5  # both outcomes happen, so neither branch is dead
 
 

@@ -72,9 +72,8 @@ def _nibbles(qs: np.ndarray, runs: int, width: int) -> np.ndarray:
 
 
 def _high_bits32(qh: np.ndarray) -> np.ndarray:
-    n = qh.shape[0]
-    bits = qh.copy().view(np.uint32).reshape(n, 1) >> np.arange(32, dtype=np.uint32).reshape(1, 32)
-    return (bits & np.uint32(1)).astype(np.uint8)
+    """Bit i of a little-endian uint32 per block, i = 0..31."""
+    return np.unpackbits(qh, axis=1, bitorder="little")
 
 
 def _q4_0(b):
@@ -154,11 +153,8 @@ def decompose(data: np.ndarray, type_name: str, shape: tuple[int, int], where: s
                  zero, bits, group, type_name)
 
 
-def gguf_tensors(path: str | Path):
-    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GGUF file, one at a time."""
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
+def gguf_tensors(reader, path: str | Path = ""):
+    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GGUFReader, one at a time."""
     for t in reader.tensors:
         kind = t.tensor_type.name
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ggml lists the fastest dim first
@@ -179,21 +175,19 @@ def gguf_tensors(path: str | Path):
 WEIGHTS_FILE = "weights.safetensors"
 
 
-def _architecture(path) -> str:
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(path)).fields["general.architecture"]
+def _architecture(reader) -> str:
+    field = reader.fields["general.architecture"]
     return bytes(field.parts[field.data[0]]).decode()
 
 
-def _hf_names(config, path) -> tuple[dict[str, str], object]:
+def _hf_names(config, reader, path) -> tuple[dict[str, str], object]:
     """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
                                                          get_gguf_hf_weights_map)
 
-    arch = _architecture(path)
+    arch = _architecture(reader)
     processor_class = TENSOR_PROCESSORS.get(arch, TensorProcessor)
     if processor_class not in (TensorProcessor, LlamaTensorProcessor):
         raise UnsupportedTensorType(f"{path}: GGUF architecture {arch!r} needs transformers' own tensor processing; "
@@ -217,12 +211,14 @@ def _llama_rows(name: str, rows: int, config) -> np.ndarray | None:
     return index.reshape(n, rows // n // 2, 2).swapaxes(2, 1).reshape(rows)
 
 
-def gguf_entries(path, config):
+def gguf_entries(path, config, reader=None):
     """Yields (hf_name, Codes | float ndarray) of a GGUF file in transformers' parameter names."""
+    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-    names, processor = _hf_names(config, path)
-    for name, value in gguf_tensors(path):
+    reader = reader or GGUFReader(str(path))
+    names, processor = _hf_names(config, reader, path)
+    for name, value in gguf_tensors(reader, path):
         hf = names.get(name)
         if hf is None:
             continue  # e.g. rope_freqs: derived from the config by transformers too
@@ -235,27 +231,28 @@ def gguf_entries(path, config):
         yield hf, value
 
 
-def gguf_config(path):
+def gguf_config(path, reader):
     """The transformers config of a GGUF file; the head is tied only when the file has no output.weight."""
-    from gguf import GGUFReader
     from transformers import AutoConfig
 
     path = Path(path)
     config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.tie_word_embeddings = not any(t.name == "output.weight" for t in GGUFReader(str(path)).tensors)
+    config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
     return config
 
 
 def write_cache(path, out) -> dict:
     """GGUF file -> <out>/weights.safetensors + config.json: codes, scales and offsets as stored,
     4-bit codes two to a byte. Returns {tensor type: count}."""
+    from gguf import GGUFReader
     from safetensors.torch import save_file
 
-    config = gguf_config(path)
+    reader = GGUFReader(str(path))
+    config = gguf_config(path, reader)
     tensors, meta, counts = {}, {}, {}
-    for hf, value in gguf_entries(path, config):
+    for hf, value in gguf_entries(path, config, reader):
         if isinstance(value, Codes):
             codes = value.codes
             if value.bits == 4:
@@ -268,7 +265,7 @@ def write_cache(path, out) -> dict:
                         "shape": list(value.shape)}
             counts[value.type] = counts.get(value.type, 0) + 1
         else:
-            tensors[hf] = torch.from_numpy(np.ascontiguousarray(value))
+            tensors[hf] = torch.from_numpy(np.array(value))
             counts[str(value.dtype)] = counts.get(str(value.dtype), 0) + 1
     Path(out).mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(Path(out) / WEIGHTS_FILE), metadata={"via_sd": json.dumps(meta)})
@@ -291,9 +288,9 @@ class Entries:
         return cls(handle, meta)
 
     @classmethod
-    def from_gguf(cls, path, config):
+    def from_gguf(cls, path, config, reader=None):
         tensors, meta = {}, {}
-        for hf, value in gguf_entries(path, config):
+        for hf, value in gguf_entries(path, config, reader):
             if isinstance(value, Codes):
                 tensors[f"{hf}.codes"] = torch.from_numpy(value.codes)
                 tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
@@ -302,7 +299,7 @@ class Entries:
                 meta[hf] = {"type": value.type, "bits": value.bits, "group": value.group, "zero": value.zero,
                             "shape": list(value.shape), "unpacked": True}
             else:
-                tensors[hf] = torch.from_numpy(np.ascontiguousarray(value))
+                tensors[hf] = torch.from_numpy(np.array(value))
         return cls(tensors, meta)
 
     def _get(self, key):

@@ -119,7 +119,7 @@ def load_traces_json(text: str | bytes) -> list[dict]:
 
 # ---- field checks --------------------------------------------------------------------------------
 
-def _number(path, v, lo=0.0, hi=math.inf, integer=False, optional=False):
+def _number(path, v, lo=0.0, hi=float(MAX_INT), integer=False, optional=False):
     if v is None and optional:
         return
     ok_type = isinstance(v, int) if integer else isinstance(v, (int, float))
@@ -196,7 +196,7 @@ def _generic(path: str, v, depth: int) -> None:
         return
     key = path.rsplit(".", 1)[-1]
     if isinstance(v, (int, float)):
-        big = MAX_INT if isinstance(v, int) else math.inf
+        big = MAX_INT  # beyond it no number is a measurement (nor exact in JavaScript)
         if key.endswith(_UNIT_SUFFIXES):
             _number(path, v, 0.0, 1.0)
         elif key.endswith(_NONNEG_SUFFIXES):
@@ -248,7 +248,7 @@ def _config(path, v):
     _object(path, v)
     _fields(path, v, {"gamma": lambda p, x: _count(p, x, 4096), "max_new_tokens": lambda p, x: _count(p, x, MAX_ITEMS),
                       "temperature": lambda p, x: _number(p, x, 0.0, 100.0),
-                      "top_p": lambda p, x: _prob(p, x), "seed": lambda p, x: _number(p, x, -2**64, 2**64, integer=True, optional=True),
+                      "top_p": lambda p, x: _prob(p, x), "seed": lambda p, x: _count(p, x, optional=True),
                       "thresholds": _thresholds, "draft_stop": lambda p, x: _prob(p, x),
                       "chat": lambda p, x: _flag(p, x)}, 1)
 

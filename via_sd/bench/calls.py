@@ -27,8 +27,10 @@ def prefilled_models(trace) -> set[str]:
 def forward_calls(trace) -> list[tuple[str, int, int]]:
     """Every forward call as (model, round, tokens fed); round -1 is a separate prefill.
 
-    Rebuilt from the trace by replaying the engine's cache rule: each model feeds what it has not
-    seen, and after a round every cache is cut back to the tokens that were kept.
+    Rebuilt from the trace by replaying the engine's cache rule: a verifier pass scores the drafts
+    whose q_slim / q_full it recorded (all of them in traces that predate per-position passes) and
+    feeds what it has not seen, from the position before the first draft it scores at the latest;
+    after a round every cache is cut back to the tokens that were kept.
     """
     prompt_len = trace.summary["prompt_tokens"]
     calls, seen = [], {m: 0 for m in MODELS}
@@ -44,13 +46,21 @@ def forward_calls(trace) -> list[tuple[str, int, int]]:
             seen["drafter"] = length + n_drafts - 1
         for m in ("slim", "full"):
             if r[f"{m}_called"]:
-                calls.append((m, k, length + n_drafts - seen[m]))
-                seen[m] = length + n_drafts
+                start, stop = _scored(r["candidates"], m)
+                seen[m] = min(seen[m], length + start - 1)  # the row before the first scored draft is fed again
+                calls.append((m, k, length + stop - seen[m]))
+                seen[m] = length + stop
         kept = sum(c["decision"] in KEPT_DECISIONS for c in r["candidates"])
         valid = length + min(kept, emitted[k])
         seen = {m: min(n, valid) for m, n in seen.items()}
         length += emitted[k]
     return calls
+
+
+def _scored(candidates: list[dict], model: str) -> tuple[int, int]:
+    """(first, last + 1) of the draft positions a verifier pass scored; every draft when none is recorded."""
+    scored = [c["pos"] for c in candidates if c.get(f"q_{model}") is not None]
+    return (min(scored), max(scored) + 1) if scored else (0, len(candidates))
 
 
 def call_lengths(trace) -> dict[str, list[int]]:
