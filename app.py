@@ -214,7 +214,8 @@ def pair_status(preset: str) -> str:
         skipped = f"skips {len(route.skip)} sub-layers ({route.skip_fraction:.0%})" if route.skip else "skips nothing"
         made = (" — **provisional** (a rule, not searched): *search a better route* below"
                 if route.meta.get("provisional") else "")
-        return (f"**{pair.device.type}** · {str(pair.dtype).replace('torch.', '')} · {pair.drafter_name} → "
+        return (f"**{pair.device.type}** · {str(pair.dtype).replace('torch.', '')} · {pair.weights} weights · "
+                f"{pair.drafter_name} → "
                 f"{pair.verifier_name} · slim route `{route.name}` {skipped}{made}")
     if _load_state["preset"] == preset:
         f = _load_state["fraction"]
@@ -339,9 +340,10 @@ def on_enqueue(handler):
     params = [p for p in sig.parameters.values() if not isinstance(p.default, gr.Progress)]
 
     def queued(*args):
-        request = next((a for a in args if isinstance(a, gr.Request)), None)
-        mark_queued(request)
-        return (None,) * (len(args) - (request is not None))  # one "valid" per input
+        # Gradio passes the event's inputs, then the request (each handler takes it after its inputs)
+        at = next((i for i, a in enumerate(args) if isinstance(a, gr.Request)), None)
+        mark_queued(args[at] if at is not None else None)
+        return (None,) * (len(args) if at is None else at)  # one "valid" per input
 
     queued.__signature__ = sig.replace(parameters=params)
     queued.__annotations__ = {"request": gr.Request}
@@ -767,7 +769,7 @@ def what_if_card(traces: dict, accept, escalate, signal) -> str:
     card = (f'<div class="via-whatif" data-state="estimate" data-accept="{t["accept"]:.2f}" '
             f'data-escalate="{t["escalate"]:.2f}"><div class="via-estimate-badge">ESTIMATE</div>'
             f'<div class="via-whatif-head">accept {t["accept"]:.2f} · escalate {t["escalate"]:.2f} · signal '
-            f'{t["signal"]} → estimated speed <b>{speed}</b> of the recorded run</div>'
+            f'{_esc(t["signal"])} → estimated speed <b>{speed}</b> of the recorded run</div>'
             f'<table><tr><th></th><th>estimate</th><th>recorded</th></tr>{rows}</table>'
             f'<div class="via-card-note">{html.escape(est["label"])}</div><ul>{notes}</ul></div>')
     return card

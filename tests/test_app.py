@@ -89,7 +89,7 @@ def test_stop_ends_the_run_between_rounds_and_skips_the_rest():
     outs = []
     for out in app.run_compare(PROMPT, "random", 4, 0.6, 0.2, "slim", 0.0, 1024, 0, "default", True):
         outs.append(out)
-        if tokens_in(out[0]) > 0 and len(outs) == 2:
+        if len(outs) == 2:  # the VIA-SD pane shows its first drafts
             app.stop_run(None)  # what the Stop button calls, in this (local) session
     traces = outs[-1][5]
     assert traces["via"].summary["stopped"] is True

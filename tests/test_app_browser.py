@@ -229,3 +229,118 @@ def test_embedded_pair_streams_real_text(browser, tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ---- the app for a live talk (issue 11) ----------------------------------------------------------
+
+# Records every live draft chip state and every status text the page shows, in order.
+RECORD_JS = """() => {
+  window.__chips = []; window.__status = [];
+  const obs = new MutationObserver(() => {
+    document.querySelectorAll('#via-tokens .via-live, #sd-tokens .via-live').forEach(e =>
+      window.__chips.push([e.closest("#via-tokens, #sd-tokens").id, e.dataset.round, e.dataset.pos, e.dataset.state]));
+    const s = document.querySelector('#status');
+    const text = s ? s.innerText.trim() : '';
+    if (text && window.__status[window.__status.length - 1] !== text) window.__status.push(text);
+  });
+  obs.observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true});
+}"""
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]")
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def checked_preset(page) -> str:
+    return page.eval_on_selector("#threshold-preset", "e => [...e.querySelectorAll('label')].find("
+                                 "l => l.querySelector('input:checked'))?.innerText.trim()")
+
+
+def test_drafts_show_pending_then_their_tier_color(browser, app_url):
+    page = open_page(browser, app_url)
+    page.locator("#prompt textarea").fill("Explain speculative decoding in one sentence.")
+    set_number(page, "max-new-tokens", 16)
+    set_number(page, "pace", 250)  # slow motion: the random pair decides a round in milliseconds
+    page.evaluate(RECORD_JS)
+    page.locator("#run").click()
+    page.wait_for_selector('#via-tokens .via-live[data-state="pending"]')
+    page.locator("#via-tokens").screenshot(path=str(SHOTS / "12-pending-drafts.png"))
+    page.wait_for_selector('#via-tokens .via-live[data-state="decided"]')
+    page.wait_for_selector('#status [data-kind="ok"]')
+    chips = page.evaluate("window.__chips")
+    seen: dict = {}
+    for pane, rnd, pos, state in chips:
+        seen.setdefault((pane, rnd, pos), []).append(state)
+    pending_then_decided = [k for k, v in seen.items() if "pending" in v and "decided" in v[v.index("pending"):]]
+    assert any(k[0] == "via-tokens" for k in pending_then_decided), "a VIA-SD draft went pending -> tier color"
+    assert any(k[0] == "sd-tokens" for k in pending_then_decided), "and a plain SD draft too"
+    assert page.locator("#via-tokens .via-live").count() == 0, "no pending chip is left after the run"
+    assert page.locator("#via-tokens .via-tok").count() == 16
+    page.close()
+
+
+def test_race_replay_plays_both_traces_to_their_recorded_token_counts(browser, app_url):
+    page = open_page(browser, app_url)
+    page.locator("#prompt textarea").fill("Write a haiku about the sea.")
+    set_number(page, "max-new-tokens", 48)
+    run_and_wait(page)
+    counts = {m: page.locator(f"#{m}-tokens .via-tok").count() for m in ("via", "sd")}
+    page.locator("#race-speed label", has_text="½×").click()
+    page.locator("#race-replay").click()
+    page.wait_for_selector('#race-view .via-race[data-state="playing"]')
+    page.wait_for_selector('#race-view .via-race[data-state="done"]')
+    for m in ("via", "sd"):
+        lane = page.locator(f'#race-view .via-race-lane[data-method="{m}"]')
+        assert lane.get_attribute("data-state") == "finished"
+        assert int(lane.get_attribute("data-tokens")) == int(lane.get_attribute("data-total")) == counts[m] == 48
+    assert page.locator('#race-view .via-race-lane[data-place="1"]').count() == 1
+    assert "finished first" in page.locator("#race-view").inner_text()
+    page.locator("#race-view").screenshot(path=str(SHOTS / "13-race-done.png"))
+    page.close()
+
+
+def test_preset_control_sets_the_sliders_and_a_slider_move_makes_it_custom(browser, app_url):
+    import via_sd
+
+    page = open_page(browser, app_url)
+    assert checked_preset(page) == "paper", "the app starts on the paper's rule"
+    for name in ("lossless", "fastest", "paper"):
+        th = via_sd.THRESHOLD_PRESETS[name]
+        page.locator("#threshold-preset label", has_text=name).click()
+        page.wait_for_function(f"Number(document.querySelector('#accept input[type=number]').value) === {th.accept} && "
+                               f"Number(document.querySelector('#escalate input[type=number]').value) === {th.escalate}")
+        assert page.locator(f'#signal input[value="{th.signal}"]').is_checked()
+        assert checked_preset(page) == name
+    page.locator("#accept input[type=range]").click(position={"x": 20, "y": 5})  # a hand on the slider
+    page.wait_for_function("[...document.querySelectorAll('#threshold-preset label')].some("
+                           "l => l.querySelector('input:checked') && l.innerText.trim() === 'custom')")
+    page.close()
+
+
+def test_a_second_release_cancels_this_sessions_run_not_another_sessions(browser, app_url):
+    a, b = open_page(browser, app_url), open_page(browser, app_url)
+    for page, tokens in ((a, 96), (b, 16)):
+        page.locator("#prompt textarea").fill("Count from one to twenty.")
+        set_number(page, "max-new-tokens", tokens)
+        set_number(page, "pace", 120)
+        page.evaluate(RECORD_JS)
+    show_tab(a, "Threshold lab")
+    a.locator("#rerun-on-release input").check()
+    a.locator("#accept input[type=range]").click(position={"x": 60, "y": 5})  # release 1: a's first run
+    a.wait_for_selector("#via-tokens .via-live")
+    b.locator("#run").click()  # b's run queues behind a's first run (one run on the model at a time)
+    time.sleep(1.0)
+    a.locator("#accept input[type=range]").click(position={"x": 90, "y": 5})  # release 2 during the run
+    a.wait_for_function("window.__status.some(s => s.includes('slider was released'))")
+    b.wait_for_selector('#status [data-kind="ok"]')
+    a.wait_for_function("window.__status.filter(s => s.startsWith('✓ Done')).length === 1 && "
+                        "window.__status[window.__status.length - 1].startsWith('✓ Done')")
+    a_status, b_status = a.evaluate("window.__status"), b.evaluate("window.__status")
+    stopped = next(i for i, s in enumerate(a_status) if "slider was released" in s)
+    assert not any(s.startswith("✓ Done") for s in a_status[:stopped]), "a's first run never finished"
+    assert not any("Stopped" in s for s in b_status), "b's run was not touched"
+    assert b.locator("#sd-tokens .via-tok").count() == 16 and a.locator("#sd-tokens .via-tok").count() == 96
+    a.close()
+    b.close()

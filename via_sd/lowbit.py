@@ -93,7 +93,9 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.group = group
         self.in_features, self.out_features = scales_and_zeros.shape[0] * group, scales_and_zeros.shape[1]
-        self.register_buffer("packed", packed)
+        # a (uint8) parameter, not a buffer, so code that counts or collects a model's parameters
+        # (route costs, the slim verifier's weight set) still sees the weights; one element = 2 weights
+        self.packed = nn.Parameter(packed, requires_grad=False)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2], the kernel's layout
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.dense_from: int | None = None
@@ -156,7 +158,7 @@ class LowbitEmbedding(nn.Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = codes.shape
         self.zero, self.group, self.padding_idx = zero, group, padding_idx
-        self.register_buffer("codes", codes.to(torch.uint8).contiguous())
+        self.codes = nn.Parameter(codes.to(torch.uint8).contiguous(), requires_grad=False)
         self.register_buffer("scale", scale.float().contiguous())
         self.register_buffer("offset", None if offset is None else offset.float().contiguous())
 
@@ -278,7 +280,7 @@ def measure_dense_from(layer: Int4Linear, rows=(32, 128, 512)) -> int | None:
                 kernel = _best_of(lambda: layer(x))
                 layer.dense_from = 1
                 dense = _best_of(lambda: layer(x))
-                if dense < kernel:
+                if dense < 0.9 * kernel:  # a clear win only: timings on a shared machine are noisy
                     return m
         return None
     finally:

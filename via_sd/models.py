@@ -1,7 +1,8 @@
 """Load a drafter / verifier pair: presets, hub ids, local folders, GGUF files.
 
-CUDA gets bf16 and CPU fp32; a verifier is spread over several GPUs with accelerate's
-`device_map="auto"`. Remote code is never trusted. The slim verifier is a routed view of the
+`weights=` picks the precision (lowbit.py): "auto" is int4 on CPU and bf16 on CUDA; "fp32",
+"bf16", "int4" and "int8-dyn" work with every source. A verifier is spread over several GPUs with
+accelerate's `device_map="auto"`. Remote code is never trusted. The slim verifier is a routed view of the
 verifier (see routing.py), so a pair holds two sets of weights, not three.
 """
 
@@ -19,7 +20,7 @@ from .routing import Route, SlimVerifier, resolve_route
 
 PRESETS = {
     "embedded": {"drafter": "embedded:drafter", "verifier": "embedded:verifier", "route": "embedded-default",
-                 "about": "Qwen2.5-Coder 0.5B -> 1.5B Instruct, offline from PyPI wheels (CPU, fp32)"},
+                 "about": "Qwen2.5-Coder 0.5B -> 1.5B Instruct, offline from PyPI wheels (CPU, int4 by default)"},
     "gpu": {"drafter": "Qwen/Qwen2.5-0.5B-Instruct", "verifier": "Qwen/Qwen2.5-7B-Instruct", "route": None,
             "about": "Qwen2.5 0.5B -> 7B Instruct from the hub, for a 24 GB+ GPU (bf16)"},
     "cpu": {"drafter": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "verifier": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
@@ -51,6 +52,8 @@ class ModelPair:
     verifier_name: str
     device: torch.device
     dtype: torch.dtype
+    weights: str = "fp32"                # the resolved setting: fp32 | bf16 | int4 | int8-dyn
+    weights_requested: str | None = None  # what the caller asked for ("auto" when chosen for them)
 
     @property
     def route(self) -> Route:
@@ -78,7 +81,8 @@ class ModelPair:
 
     def describe(self) -> dict:
         return {"drafter": self.drafter_name, "verifier": self.verifier_name, "route": self.route.name,
-                "skipped": list(self.route.skip), "skip_fraction": self.route.skip_fraction}
+                "skipped": list(self.route.skip), "skip_fraction": self.route.skip_fraction,
+                "weights": self.weights, "weights_requested": self.weights_requested or self.weights}
 
     def set_route(self, route) -> None:
         """Switch the slim verifier's route (weights stay shared)."""
@@ -98,10 +102,27 @@ def _report(progress: Progress | None, message: str, fraction: float) -> None:
         progress(message, fraction)
 
 
-def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool):
-    """A causal LM and its tokenizer from a hub id, a local folder or a .gguf file."""
+def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32"):
+    """A causal LM and its tokenizer from a hub id, a local folder, a .gguf file or a codes cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from .gguf_pack import WEIGHTS_FILE, Entries, build_model, gguf_config
+    from .lowbit import apply_weights
+
+    if Path(source, WEIGHTS_FILE).is_file():  # the embedded cache: GGUF codes, built into any setting
+        from transformers import AutoConfig, GenerationConfig
+
+        model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights)
+        model.generation_config = GenerationConfig.from_pretrained(source)
+        return model.to(device).eval(), AutoTokenizer.from_pretrained(source)
+    if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
+        from gguf import GGUFReader
+
+        reader = GGUFReader(source)
+        config = gguf_config(source, reader)
+        model = build_model(config, Entries.from_gguf(source, config, reader), weights)
+        path = Path(source)
+        return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     kwargs = {"dtype": dtype, "trust_remote_code": False}
     folder, gguf = source, None
     if source.endswith(".gguf"):
@@ -118,7 +139,7 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if not spread:
         model.to(device)
-    return model.eval(), tokenizer
+    return apply_weights(model.eval(), weights), tokenizer
 
 
 def _resolve_source(source: str, progress: Progress | None) -> str:
@@ -141,11 +162,16 @@ def _check_same_tokenization(drafter_tok, verifier_tok, drafter_name: str, verif
 
 
 def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier: str | None = None,
-              route=None, device=None, dtype=None, progress: Progress | None = None) -> ModelPair:
+              route=None, device=None, dtype=None, weights: str = "auto",
+              progress: Progress | None = None) -> ModelPair:
     """Load a preset ("embedded", "gpu", "cpu", "tiny", "random") or a free drafter/verifier choice.
 
     `route`: a shipped route name, a JSON path, a list like ["attn.7", "mlp.12"], or "none".
+    `weights`: "auto" (int4 on CPU, bf16 on CUDA; fp32 for the tiny "random" pair), "fp32", "bf16",
+    "int4" or "int8-dyn" (see lowbit.py).
     """
+    from .lowbit import apply_weights, resolve_weights
+
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
@@ -155,18 +181,28 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     if not drafter or not verifier:
         raise ValueError("name a preset, or both a drafter and a verifier (hub id, folder or .gguf file)")
     device = torch.device(device) if device is not None else default_device()
-    dtype = dtype or default_dtype(device)
-    if drafter.startswith("random:"):
-        return tiny_random_pair(route=route)
+    requested = weights or "auto"
+    if drafter.startswith("random:"):  # mechanics only: auto keeps the tiny models in fp32
+        weights = resolve_weights("fp32" if requested == "auto" else requested, "cpu")
+        pair = tiny_random_pair(route=route)
+        if weights != "fp32":
+            apply_weights(pair.drafter, weights)
+            apply_weights(pair.verifier, weights)
+            pair.dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+        pair.weights, pair.weights_requested = weights, requested
+        return pair
+    weights = resolve_weights(requested, device)
+    dtype = dtype or (torch.bfloat16 if weights == "bf16" else torch.float32)
 
     models = []
     try:
         _report(progress, f"loading drafter {drafter}", 0.05)
-        d_model, d_tok = _load_model(_resolve_source(drafter, progress), dtype, device, spread=False)
+        d_model, d_tok = _load_model(_resolve_source(drafter, progress), dtype, device, spread=False, weights=weights)
         models.append(d_model)
         _report(progress, f"loading verifier {verifier}", 0.5)
         spread = device.type == "cuda" and torch.cuda.device_count() > 1
-        v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread)
+        v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
+                                     weights=weights)
         models.append(v_model)
         _check_same_tokenization(d_tok, v_tok, drafter, verifier)
         slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
@@ -181,7 +217,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     names = {"embedded:drafter": "Qwen2.5-Coder-0.5B-Instruct (embedded)",
              "embedded:verifier": "Qwen2.5-Coder-1.5B-Instruct (embedded)"}
     pair = ModelPair(d_model, v_model, slim, v_tok, names.get(drafter, drafter), names.get(verifier, verifier),
-                     device, dtype)
+                     device, dtype, weights, requested)
     if preset is not None and route is None:  # no shipped route: a rule's at once (faces then call pick_route)
         pair.set_route(provisional_route(v_model.config.num_hidden_layers))
     _report(progress, "models ready", 1.0)

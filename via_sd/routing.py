@@ -123,8 +123,14 @@ class SlimVerifier:
         self.verifier = verifier
         self.base, self.lm_head = _decoder_parts(verifier)
         self.config = self.base.config
-        self.route = route
         n = self.config.num_hidden_layers
+        if not isinstance(route, Route):
+            raise ValueError(f"route must be a via_sd.Route, got {type(route).__name__}: use resolve_route(...)")
+        if route.num_layers not in (None, n):
+            raise ValueError(f"route {route.name!r} was made for a {route.num_layers}-layer verifier, "
+                             f"this verifier has {n} layers")
+        validate_skip(route.skip, n)  # a route may not skip the first or last layer
+        self.route = route
         self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * n)
         self._gemma_norms = hasattr(self.base.layers[0], "pre_feedforward_layernorm")
 

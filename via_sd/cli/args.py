@@ -12,6 +12,8 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verifier", help="hub id, local folder or .gguf file (instead of a preset)")
     parser.add_argument("--route", help="slim verifier route: shipped name, .json file, 'none', or attn.7,mlp.12")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
+    parser.add_argument("--weights", default="auto",
+                        help="auto (int4 on CPU, bf16 on CUDA), fp32, bf16, int4 or int8-dyn (bench: a comma list)")
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,14 +41,14 @@ def print_progress(message: str, fraction: float) -> None:
     print(f"[{fraction:4.0%}] {message}", file=sys.stderr, flush=True)
 
 
-def pair_from_args(args):
+def pair_from_args(args, weights: str | None = None):
     """The pair the flags name, with the route a face gives it at once (a provisional one never waits on a search)."""
     from .. import load_pair
     from ..route_search.resolve import pick_route
 
     preset = args.preset or (None if args.drafter or args.verifier else "embedded")
     pair = load_pair(preset, drafter=args.drafter, verifier=args.verifier, route=parse_route(args.route),
-                     device=args.device, progress=print_progress)
+                     device=args.device, weights=weights or getattr(args, "weights", "auto"), progress=print_progress)
     pick_route(pair, progress=print_progress)
     return pair
 

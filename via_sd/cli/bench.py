@@ -38,6 +38,8 @@ def cmd_bench(args) -> int:
     costs = None
     if args.gpu_costs:
         costs = json.loads(Path(args.gpu_costs).read_text())
+    if "," in args.weights:  # weights settings side by side (via_sd/bench/weights.py)
+        return _bench_weights(args, prompts, config)
     pair = pair_from_args(args)
     started = time.time()
     if args.sweep or args.routes:
@@ -61,6 +63,26 @@ def cmd_bench(args) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
         print(f"results written to {args.json}", file=sys.stderr)
+    if args.markdown:
+        Path(args.markdown).write_text(text + "\n", encoding="utf-8")
+    print(text)
+    return 0
+
+
+def _bench_weights(args, prompts, config) -> int:
+    from ..bench.weights import markdown_weights, run_weights_bench
+
+    settings = [w.strip() for w in args.weights.split(",") if w.strip()]
+    pairs = {w: pair_from_args(args, weights=w) for w in settings}
+    methods = [m.strip() for m in args.methods.split(",") if m.strip() and m.strip() != "hf"]
+    started = time.time()
+    result = run_weights_bench(pairs, prompts, methods=methods, config=config, repeats=args.repeats,
+                               warmup=args.warmup, progress=print_progress)
+    result["elapsed_s"] = time.time() - started
+    result["command"] = "python -m via_sd " + " ".join(sys.argv[1:])
+    text = markdown_weights(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
     if args.markdown:
         Path(args.markdown).write_text(text + "\n", encoding="utf-8")
     print(text)

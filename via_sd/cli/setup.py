@@ -13,4 +13,11 @@ def cmd_setup(args) -> int:
 
     drafter_dir, verifier_dir = embedded_model_dirs()
     print(f"embedded pair ready:\n  drafter  {drafter_dir}\n  verifier {verifier_dir}")
+    from ..lowbit import int4_available
+
+    if int4_available():  # measure once which int4 shapes run faster de-quantized (kept in lowbit-kernels.json)
+        from .. import load_pair
+
+        load_pair("embedded", weights="int4")
+        print("int4 kernel choices measured")
     return 0

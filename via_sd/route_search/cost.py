@@ -61,7 +61,8 @@ def measure_cost(pair, route: Route, gamma: int = 5, kv_length: int = 256, repea
     with torch.inference_mode():
         for who in models:
             models[who](input_ids=ids[:, :kv_length], past_key_values=caches[who], use_cache=True, logits_to_keep=1)
-    out = {"device": device_name(device), "dtype": str(pair.dtype).replace("torch.", ""), "kv_length": kv_length,
+    out = {"device": device_name(device), "dtype": str(pair.dtype).replace("torch.", ""),
+           "weights_setting": getattr(pair, "weights", "fp32"), "kv_length": kv_length,
            "gamma": gamma, "repeats": repeats, "torch": torch.__version__,
            "measured": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
     for key, tokens in (("one_token", 1), ("verify_step", gamma + 1)):

@@ -1,0 +1,189 @@
+"""Engine v2 (issue 9): the paper's rule by default, live events, exact where promised, no wasted passes,
+bounded unverified runs, like-with-like metrics, linear-time bookkeeping, bad input."""
+
+import pytest
+import torch
+
+from via_sd import THRESHOLD_PRESETS, DecodeConfig, Thresholds, generate, stream, tiny_random_pair
+from via_sd.decoding import stream_events
+
+PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n"]
+ALL_TIERS = Thresholds(accept=0.9, escalate=0.5, signal="draft")  # uses A, B and C on the tiny routed pair
+
+
+def config(**kw):
+    kw.setdefault("max_new_tokens", 32)
+    kw.setdefault("chat", False)
+    return DecodeConfig(**kw)
+
+
+# ---- presets ------------------------------------------------------------------------------------
+
+def test_the_default_thresholds_are_the_papers_rule():
+    assert Thresholds() == THRESHOLD_PRESETS["paper"] == Thresholds.preset("paper")
+    assert Thresholds().signal == "slim"
+    assert set(THRESHOLD_PRESETS) == {"paper", "fastest", "lossless"}
+    with pytest.raises(ValueError, match="unknown threshold preset"):
+        Thresholds.preset("turbo")
+
+
+# ---- live events --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method, th", [("via", ALL_TIERS), ("via", Thresholds(0.8, 0.3, "slim")), ("sd", None)])
+def test_stream_events_announce_drafts_then_each_tiers_decisions_then_the_round(tiny_routed_pair, method, th):
+    cfg = config(max_new_tokens=40, **({"thresholds": th} if th else {}))
+    events = list(stream_events(tiny_routed_pair, "The quick brown fox", method, cfg))
+    trace = events[-1].trace
+    assert [e.round for e in events if e.kind == "round"] == list(range(len(trace.rounds)))
+    by_round = {}
+    for e in events:
+        by_round.setdefault(e.round, []).append(e)
+    for k, evs in by_round.items():
+        kinds = [e.kind for e in evs]
+        assert kinds[0] == "drafts" and kinds[-1] == "round" and set(kinds[1:-1]) == {"decided"}
+        assert all(c["decision"] == "pending" and c["tier"] is None and isinstance(c["text"], str)
+                   for c in evs[0].candidates)
+        decided_before = 0
+        for e in evs[1:-1]:  # decisions only accumulate, and each decided draft says who decided it
+            decided = [c for c in e.candidates if c["decision"] != "pending"]
+            assert len(decided) > decided_before
+            decided_before = len(decided)
+            assert all(c["tier"] in ("draft", "slim", "full") and c["decision"] in ("accepted", "kept", "replaced")
+                       for c in decided)
+            assert all(c["tier"] is None for c in e.candidates if c["decision"] == "pending")
+        assert evs[-1].candidates == trace.rounds[k]["candidates"]
+        assert all(c["decision"] != "pending" for c in evs[-1].candidates)
+    if method == "via" and th.signal == "draft":
+        kinds_seen = {c["tier"] for e in events if e.kind == "decided" for c in e.candidates if c["tier"]}
+        assert kinds_seen == {"draft", "slim", "full"}
+
+
+def test_stream_yields_the_traces_of_the_round_events(tiny_routed_pair):
+    cfg = config(thresholds=ALL_TIERS)
+    rounds = [len(t.rounds) for t in stream(tiny_routed_pair, "hello", "via", cfg)]
+    events = [(e.round, len(e.trace.rounds)) for e in stream_events(tiny_routed_pair, "hello", "via", cfg)
+              if e.kind == "round"]  # the trace grows in place: read it at the event
+    assert [n for _, n in events] == rounds == [k + 1 for k, _ in events] == list(range(1, len(rounds) + 1))
+
+
+# ---- exact where promised -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("th", [THRESHOLD_PRESETS["lossless"], Thresholds(accept=1, escalate=1, signal="slim"),
+                                Thresholds(accept=1.0, escalate=1.0, signal="draft")])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_lossless_thresholds_equal_plain_sd_token_for_token(tiny_routed_pair, th, temperature):
+    """Every draft goes to tier C, even one with confidence 1: VIA-SD is plain SD. Under sampling the
+    same seed gives the same tokens, so VIA-SD inherits SD's exact sampling (tested below)."""
+    for prompt in PROMPTS:
+        cfg = config(thresholds=th, temperature=temperature, seed=3)
+        via = generate(tiny_routed_pair, prompt, "via", cfg)
+        sd = generate(tiny_routed_pair, prompt, "sd", cfg)
+        assert via.token_ids == sd.token_ids
+        assert via.summary["exact_share"] == 1.0 and via.summary["slim_calls"] == 0
+        assert via.summary["full_calls"] == sd.summary["full_calls"]
+
+
+@torch.no_grad()
+def _slim_greedy_ar(pair, prompt: str, n: int) -> list[int]:
+    """The slim verifier run as a model of its own: greedy, one token at a time, no cache."""
+    from transformers import DynamicCache
+
+    ids = pair.tokenizer(prompt).input_ids
+    out = []
+    for _ in range(n):
+        logits = pair.slim(torch.tensor([ids + out]), past_key_values=DynamicCache()).logits[0, -1, : pair.vocab_size]
+        out.append(int(logits.argmax()))
+    return out
+
+
+def test_via_with_accept_1_escalate_0_is_greedy_ar_of_the_slim_verifier(tiny_routed_pair):
+    """Slim signal, accept=1, escalate=0: every draft goes to tier B, so the slim verifier decides everything."""
+    cfg = config(thresholds=Thresholds(accept=1.0, escalate=0.0, signal="slim"), max_new_tokens=24)
+    for prompt in PROMPTS:
+        via = generate(tiny_routed_pair, prompt, "via", cfg)
+        assert via.token_ids == _slim_greedy_ar(tiny_routed_pair, prompt, 24)
+        assert via.summary["full_calls"] == 0 and via.summary["tier_counts"]["slim"] == 24
+
+
+# ---- no wasted passes ---------------------------------------------------------------------------
+
+def _verifier_passes(pair) -> list:
+    """Counts every verifier pass, slim or full: both start at the verifier's embedding."""
+    calls = []
+    pair.verifier.model.embed_tokens.register_forward_hook(lambda *_: calls.append(1))
+    return calls
+
+
+def test_a_draft_signal_round_with_tiers_b_c_a_a_a_makes_exactly_one_verifier_call():
+    pair = tiny_random_pair(seed=0, route=["attn.1", "mlp.2"])
+    calls = _verifier_passes(pair)
+    probe = config(gamma=5, max_new_tokens=5, thresholds=Thresholds(0.0, 0.0, "draft"))  # all tier A: drafts only
+    for prompt in (f"{a}{b}" for a in "abcdefghijklmnopqrstuvwxyz" for b in " .,;:!?etaoin"):
+        p = [c["p_draft"] for c in generate(pair, prompt, "via", probe).rounds[0]["candidates"]]
+        if p[1] < p[0] < min(p[2:]):
+            break
+    else:
+        pytest.fail("no prompt gives draft probabilities ordered for tiers [B, C, A, A, A]")
+    th = Thresholds(accept=(p[0] + min(p[2:])) / 2, escalate=(p[0] + p[1]) / 2, signal="draft")
+    calls.clear()
+    trace = generate(pair, prompt, "via", config(gamma=5, max_new_tokens=6, thresholds=th))
+    rnd = trace.rounds[0]
+    assert rnd["candidates"][0]["p_draft"] == p[0]  # the same drafts as the probe
+    assert len(calls) == 1 and rnd["full_called"] and not rnd["slim_called"]
+    assert [c["tier"] for c in rnd["candidates"][:2]] == ["full", "full"]  # the full pass decided B exactly
+
+
+def test_each_verifier_runs_at_most_once_a_round_and_only_where_needed(tiny_routed_pair):
+    calls = _verifier_passes(tiny_random_pair(seed=0))  # a fresh hook on an unrelated pair stays empty
+    pair = tiny_random_pair(seed=0, route=["attn.1", "mlp.2"])
+    calls = _verifier_passes(pair)
+    for th in (ALL_TIERS, Thresholds(0.8, 0.3, "slim")):
+        for prompt in PROMPTS:
+            calls.clear()
+            trace = generate(pair, prompt, "via", config(thresholds=th, max_new_tokens=48))
+            passes = sum(r["slim_called"] + r["full_called"] for r in trace.rounds)
+            assert len(calls) == passes
+            for r in trace.rounds:
+                tiers = [c["tier"] for c in r["candidates"]]
+                if th.signal == "draft":  # no tier C -> no full pass; the slim pass only for tier B
+                    assert r["full_called"] == ("full" in tiers)
+                    assert r["slim_called"] == ("slim" in tiers and "full" not in tiers)
+                else:
+                    assert r["slim_called"] and r["full_called"] == ("full" in tiers)
+
+
+# ---- bounded unverified runs --------------------------------------------------------------------
+
+def test_max_unverified_sends_a_round_to_a_verifier(tiny_routed_pair):
+    everything_a = Thresholds(accept=0.0, escalate=0.0, signal="draft")
+    free = generate(tiny_routed_pair, "hello", "via", config(gamma=4, max_unverified=0, thresholds=everything_a))
+    assert free.summary["unverified_share"] == 1.0 and free.summary["slim_calls"] == 0
+    bounded = generate(tiny_routed_pair, "hello", "via", config(gamma=4, max_unverified=8, thresholds=everything_a))
+    forced = [r for r in bounded.rounds if r["forced_by"] == "max_unverified"]
+    assert forced and all(r["slim_called"] for r in forced)
+    assert all(r["forced_by"] is None for r in bounded.rounds if r not in forced)
+    run = longest = 0
+    for t in bounded.tokens:
+        run = run + 1 if t["tier"] == "draft" else 0
+        longest = max(longest, run)
+    assert longest <= 8 - 1 + 4  # the bound is checked before each round of up to gamma drafts
+    assert DecodeConfig().max_unverified > 0
+
+
+# ---- metrics that compare like with like --------------------------------------------------------
+
+def test_summary_separates_verified_rejections_unverified_and_exact_tokens(tiny_routed_pair):
+    for method in ("ar", "sd", "via"):
+        trace = generate(tiny_routed_pair, "The quick brown fox", method, config(thresholds=ALL_TIERS))
+        s, cands = trace.summary, [c for r in trace.rounds for c in r["candidates"]]
+        checked = [c for c in cands if c["decision"] in ("kept", "replaced")]
+        assert s["verified_rejection_rate"] == (
+            sum(c["decision"] == "replaced" for c in checked) / len(checked) if checked else 0.0)
+        assert s["unverified_share"] == sum(t["tier"] == "draft" for t in trace.tokens) / len(trace.tokens)
+        assert s["exact_share"] == sum(t["tier"] == "full" for t in trace.tokens) / len(trace.tokens)
+        if method == "via":
+            assert 0 < s["unverified_share"] < 1 and s["rejection_rate"] < s["verified_rejection_rate"]
+        else:
+            assert s["exact_share"] == 1.0 and s["unverified_share"] == 0.0
+    sd = generate(tiny_routed_pair, "hello", "sd", config())
+    assert sd.summary["verified_rejection_rate"] == sd.summary["rejection_rate"]

@@ -1,0 +1,166 @@
+"""Low-bit weights: GGUF blocks -> codes, the int4 linear, the weights= settings on a tiny model.
+
+GGUF data is real: blocks made by the `gguf` package's own quantizers (Q4_0 ... Q8_0), or valid
+random blocks for the K-quants it cannot make (every byte pattern of the codes is legal), checked
+against the package's reference de-quantizer; tensors are written to a GGUF file with GGUFWriter.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from via_sd import DecodeConfig, generate, load_pair
+from via_sd.gguf_pack import Entries, UnsupportedTensorType, decompose, gguf_tensors
+from via_sd.lowbit import Int4Linear, LowbitEmbedding, quantize_int4, resolve_weights
+
+ROWS, COLS = 64, 512
+GREEDY = DecodeConfig(gamma=4, max_new_tokens=24)
+
+
+def k_quant_blocks(kind: str, rows=ROWS, cols=COLS, seed=0) -> np.ndarray:
+    """Valid random Q4_K / Q5_K / Q6_K rows: random codes and sub-scales, sane fp16 super-scales."""
+    rng = np.random.default_rng(seed)
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    b = rng.integers(0, 256, size=(rows * cols // block, nbytes), dtype=np.uint8)
+    scales = rng.uniform(1e-4, 2e-3, size=(b.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if kind == "Q6_K":  # ... int8 sub-scales, then d at the end
+        b[:, -2:] = scales[:, :2]
+    else:  # d, dmin first
+        b[:, :4] = scales
+    return b.reshape(rows, -1)
+
+
+def blocks_of(kind: str) -> np.ndarray:
+    if kind in ("Q4_K", "Q5_K", "Q6_K"):
+        return k_quant_blocks(kind)
+    w = np.random.default_rng(1).standard_normal((ROWS, COLS)).astype(np.float32) * 0.05
+    return quantize(w, GGMLQuantizationType[kind])
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_each_supported_block_type_unpacks_to_the_gguf_reference_values(kind):
+    raw = blocks_of(kind)
+    codes = decompose(raw, kind, (ROWS, COLS))
+    reference = dequantize(raw, GGMLQuantizationType[kind]).reshape(ROWS, COLS)
+    assert codes.codes.max() < 2 ** codes.bits
+    assert np.array_equal(codes.dequantize(), reference)  # bit for bit
+
+
+def write_gguf(path, tensors: dict):
+    writer = GGUFWriter(str(path), "llama")
+    for name, (array, kind) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=None if kind is None else GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_gguf_file_reads_back_tensor_by_tensor(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    f16 = np.random.default_rng(2).standard_normal((8, 32)).astype(np.float16)
+    write_gguf(path, {"a.weight": (blocks_of("Q4_K"), "Q4_K"), "b.weight": (blocks_of("Q6_K"), "Q6_K"),
+                      "c.weight": (blocks_of("Q8_0"), "Q8_0"), "norm.weight": (np.ones(32, np.float32), None),
+                      "h.weight": (f16, None)})
+    reader = GGUFReader(str(path))
+    got = dict(gguf_tensors(reader, path))
+    by_name = {t.name: t for t in reader.tensors}
+    for name in ("a.weight", "b.weight", "c.weight"):
+        t = by_name[name]
+        assert got[name].shape == (ROWS, COLS)
+        assert np.array_equal(got[name].dequantize(), dequantize(t.data, t.tensor_type).reshape(ROWS, COLS))
+    assert np.array_equal(got["norm.weight"], np.ones(32, np.float32))
+    assert np.array_equal(got["h.weight"], f16)
+
+
+def test_an_unsupported_gguf_tensor_type_is_an_error_naming_type_and_file(tmp_path):
+    path = tmp_path / "odd.gguf"
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K]
+    write_gguf(path, {"blk.0.ffn_up.weight": (np.zeros((4, 2 * nbytes), np.uint8), "Q2_K")})
+    with pytest.raises(UnsupportedTensorType) as err:
+        list(gguf_tensors(GGUFReader(str(path)), path))
+    assert "Q2_K" in str(err.value) and str(path) in str(err.value) and "blk.0.ffn_up.weight" in str(err.value)
+
+
+def test_int4_linear_equals_the_dequantized_fp32_linear():
+    torch.manual_seed(0)
+    w, b = torch.randn(192, 256) * 0.05, torch.randn(192)
+    layer = Int4Linear.from_float(w, b)
+    x = torch.randn(3, 7, 256)
+    dense = layer.dequantize()
+    # the int4 grid itself: each weight within half a step (plus bf16 rounding of scale and zero)
+    q, scale, zero = quantize_int4(w)
+    step = scale.repeat_interleave(32, dim=1)
+    assert ((dense - w).abs() <= 0.5 * step + 2 ** -8 * (8 * step + zero.abs().repeat_interleave(32, 1))).all()
+    reference = x.bfloat16().float() @ dense.t() + b  # the kernel reads activations as bf16
+    y = layer(x)
+    assert y.shape == (3, 7, 192) and y.dtype == torch.float32
+    # tolerance: the kernel returns bf16 (8 significant bits): 1% of the largest output
+    assert (y - reference).abs().max() <= 1e-2 * reference.abs().max()
+    layer.dense_from = 1  # the de-quantize + fp32 matmul path: the same weights, fp32 sums
+    assert torch.allclose(layer(x), reference, atol=1e-4, rtol=1e-4)
+
+
+def test_q4_k_weights_become_int4_exactly_up_to_bf16_scales():
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from via_sd.gguf_pack import build_model
+
+    raw = k_quant_blocks("Q4_K", rows=64, cols=256)
+    codes = decompose(raw, "Q4_K", (64, 256))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
+    tensors = {"model.embed_tokens.weight.codes": torch.from_numpy(codes.codes),
+               "model.embed_tokens.weight.scale": torch.from_numpy(codes.scale),
+               "model.embed_tokens.weight.offset": torch.from_numpy(codes.offset)}
+    meta = {"model.embed_tokens.weight": {"type": "Q4_K", "bits": 4, "group": 32, "zero": 0, "shape": [64, 256],
+                                          "unpacked": True}}
+    g = torch.Generator().manual_seed(0)
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    for name, param in skeleton.named_parameters():  # every other tensor: random floats
+        if name not in ("model.embed_tokens.weight", "lm_head.weight"):  # the head is tied to the embedding
+            tensors[name] = torch.randn(param.shape, generator=g) * 0.02
+    model = build_model(config, Entries(tensors, meta), "int4")
+    head, embed = model.lm_head, model.model.embed_tokens
+    assert isinstance(head, Int4Linear) and isinstance(embed, LowbitEmbedding)
+    assert torch.equal(embed(torch.arange(64)), reference)  # the embedding keeps the GGUF codes as they are
+    scale = torch.from_numpy(codes.scale).repeat_interleave(32, 1)
+    bound = 2 ** -8 * (8 * scale + (torch.from_numpy(codes.offset).repeat_interleave(32, 1) + 8 * scale).abs())
+    assert ((head.dequantize() - reference).abs() <= bound).all()  # same codes; scale, zero rounded to bf16
+
+
+def test_tiny_model_in_int4_keeps_greedy_sd_equal_to_greedy_ar():
+    pair = load_pair("random", weights="int4")
+    assert pair.weights == "int4"
+    for model in (pair.drafter, pair.verifier):
+        assert any(isinstance(m, Int4Linear) for m in model.modules())
+        assert not any(type(m) is torch.nn.Linear and m.out_features % 16 == 0 for m in model.modules())
+    prompt = "The quick brown fox"
+    ar, sd = generate(pair, prompt, "ar", GREEDY), generate(pair, prompt, "sd", GREEDY)
+    assert sd.token_ids == ar.token_ids and len(ar.token_ids) == GREEDY.max_new_tokens
+    via = generate(pair, prompt, "via", GREEDY)  # the slim verifier runs the int4 modules too
+    assert len(via.token_ids) == GREEDY.max_new_tokens
+
+
+def test_slim_verifier_without_skips_equals_the_int4_verifier():
+    pair = load_pair("random", weights="int4", route="none")
+    ids = torch.tensor([pair.encode("hello there", chat=False)])
+    with torch.inference_mode():
+        assert torch.allclose(pair.slim(ids).logits, pair.verifier(ids).logits, atol=1e-5)
+
+
+def test_weights_setting_is_recorded_in_every_trace():
+    auto = load_pair("random")
+    assert resolve_weights("auto", "cpu") == "int4" and resolve_weights("auto", "cuda") == "bf16"
+    trace = generate(auto, "abc", "sd", DecodeConfig(gamma=2, max_new_tokens=4))
+    assert trace.models["weights"] == "fp32" and trace.models["weights_requested"] == "auto"
+    int8 = load_pair("random", weights="int8-dyn")
+    trace = generate(int8, "abc", "ar", DecodeConfig(gamma=2, max_new_tokens=4))
+    assert trace.models["weights"] == "int8-dyn" and len(trace.token_ids) == 4
+    with pytest.raises(ValueError, match="int3"):
+        load_pair("random", weights="int3")
