@@ -1336,9 +1336,11 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         for control in (accept, escalate, signal):  # a hand on a control makes the setting custom
             control.input(None, None, threshold_preset, js=f"() => '{CUSTOM}'")
         for slider in (accept, escalate):  # the ticket is taken before the queue, so the running run ends at once
-            after_run(slider.release(request_rerun, [rerun], [ticket], api_name=False, queue=False).then(
+            after_run(slider.release(request_rerun, [rerun], [ticket], api_name=False, queue=False,
+                                     trigger_mode="multiple").then(
                 rerun_on_release, [rerun, *run_inputs, ticket], run_outputs, api_name=False,
-                concurrency_id="gpu", concurrency_limit=1, validator=on_enqueue(rerun_on_release)))
+                concurrency_id="gpu", concurrency_limit=1, validator=on_enqueue(rerun_on_release),
+                trigger_mode="always_last"))  # a release during a run runs once that run has stopped
         race.click(race_replay, [traces, race_speed], [race_view], api_name="race", **light)
         demo.load(poll_status, [model], [device, timer], api_name=False, show_progress="hidden").then(
             route_search_row, [model], [route_row], api_name=False, show_progress="hidden")

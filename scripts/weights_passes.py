@@ -43,12 +43,11 @@ def pass_ms(model, context: torch.Tensor, new: int, repeat: int) -> float:
     """One forward over `new` tokens after `context` is cached; the cache is cropped back each time."""
     cache = DynamicCache()
     model(context, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    n = context.shape[1]
     extra = torch.randint(1000, 20000, (1, new), generator=torch.Generator().manual_seed(new))
 
     def run():
         model(extra, past_key_values=cache, use_cache=True, logits_to_keep=new)
-        cache.crop(n)
+        cache.crop(-new)
     return timed(run, repeat)
 
 

@@ -253,6 +253,13 @@ def set_number(page, elem_id: str, value) -> None:
     box.press("Enter")
 
 
+def release_slider(page, elem_id: str, fraction: float) -> None:
+    """Click the slider at `fraction` of its track: pointer down and up, so Gradio fires input and release."""
+    track = page.locator(f"#{elem_id} input[type=range]")
+    box = track.bounding_box()
+    track.click(position={"x": box["width"] * fraction, "y": box["height"] / 2})
+
+
 def checked_preset(page) -> str:
     return page.eval_on_selector("#threshold-preset", "e => [...e.querySelectorAll('label')].find("
                                  "l => l.querySelector('input:checked'))?.innerText.trim()")
@@ -313,7 +320,7 @@ def test_preset_control_sets_the_sliders_and_a_slider_move_makes_it_custom(brows
                                f"Number(document.querySelector('#escalate input[type=number]').value) === {th.escalate}")
         assert page.locator(f'#signal input[value="{th.signal}"]').is_checked()
         assert checked_preset(page) == name
-    page.locator("#accept input[type=range]").click(position={"x": 20, "y": 5})  # a hand on the slider
+    release_slider(page, "accept", 0.8)  # a hand on the slider
     page.wait_for_function("[...document.querySelectorAll('#threshold-preset label')].some("
                            "l => l.querySelector('input:checked') && l.innerText.trim() === 'custom')")
     page.close()
@@ -328,11 +335,11 @@ def test_a_second_release_cancels_this_sessions_run_not_another_sessions(browser
         page.evaluate(RECORD_JS)
     show_tab(a, "Threshold lab")
     a.locator("#rerun-on-release input").check()
-    a.locator("#accept input[type=range]").click(position={"x": 60, "y": 5})  # release 1: a's first run
+    release_slider(a, "accept", 0.7)  # release 1: a's first run
     a.wait_for_selector("#via-tokens .via-live")
     b.locator("#run").click()  # b's run queues behind a's first run (one run on the model at a time)
     time.sleep(1.0)
-    a.locator("#accept input[type=range]").click(position={"x": 90, "y": 5})  # release 2 during the run
+    release_slider(a, "accept", 0.85)  # release 2, during that run
     a.wait_for_function("window.__status.some(s => s.includes('slider was released'))")
     b.wait_for_selector('#status [data-kind="ok"]')
     a.wait_for_function("window.__status.filter(s => s.startsWith('✓ Done')).length === 1 && "

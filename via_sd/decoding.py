@@ -323,10 +323,10 @@ class TokenText:
 
     Decodes a short window of recent tokens without and with the new one and emits the difference,
     as streaming servers do (the window's own start-of-text effects cancel out). A token whose text is
-    not yet a plain extension (half of a multi-byte character) waits and its text arrives with a later
-    token. When a tokenizer rewrites text already handed out, `resync` decodes everything once and
-    corrects the pieces; `flush` does that check at the end, so the pieces always concatenate to
-    `tokenizer.decode(ids, skip_special_tokens=True)`.
+    not yet complete (half of a multi-byte character) waits and its text arrives with a later token.
+    When a tokenizer rewrites text already handed out (cleaned-up spaces), `rewrite` fixes the pieces
+    inside the window; `flush` decodes everything once at the end and `resync`s if anything still
+    differs, so the pieces always concatenate to `tokenizer.decode(ids, skip_special_tokens=True)`.
     """
 
     WINDOW = 4  # settled tokens decoded again as context for the next piece
@@ -351,10 +351,31 @@ class TokenText:
         if after.endswith("\ufffd"):
             return {}  # an incomplete multi-byte character: its text arrives with a later token
         if not after.startswith(before):
-            return self.resync()
+            return self.rewrite(start, before, after)
         self.pieces[-1] = after[len(before):]
         self.settled = len(self.ids)
         return {len(self.ids) - 1: self.pieces[-1]}
+
+    def rewrite(self, start: int, before: str, after: str) -> dict[int, str]:
+        """The new token changed text already handed out (e.g. " n't" -> "n't"): rewrites the pieces of the
+        window from the first changed character, the rest of the text going to the newest token."""
+        emitted = "".join(self.pieces[start:self.settled])
+        lead = len(emitted) - len(before)  # text the window's decode drops at its start (a leading space)
+        if lead < 0 or emitted[lead:] != before:
+            return self.resync()
+        common = 0
+        while common < min(len(before), len(after)) and before[common] == after[common]:
+            common += 1
+        pos, k = 0, start
+        while pos + len(self.pieces[k]) <= lead + common and k < self.settled:
+            pos += len(self.pieces[k])
+            k += 1
+        changed = {j: "" for j in range(k, len(self.pieces))}
+        changed[len(self.pieces) - 1] = (emitted[:lead] + after)[pos:]
+        for j, piece in changed.items():
+            self.pieces[j] = piece
+        self.settled = len(self.ids)
+        return changed
 
     def resync(self) -> dict[int, str]:
         """Decodes everything once and rewrites the pieces from the first one that differs."""

@@ -273,19 +273,36 @@ def write_cache(path, out) -> dict:
     return counts
 
 
+class _CacheFile:
+    """A safetensors file opened anew for every tensor: a long-lived memory map would keep every page
+    read so far resident (counted in the process's RSS) until the whole model is built."""
+
+    def __init__(self, path: Path):
+        from safetensors import safe_open
+
+        self.path = str(path)
+        with safe_open(self.path, "pt") as f:
+            self._keys, self.meta = set(f.keys()), json.loads(f.metadata()["via_sd"])
+
+    def keys(self) -> set[str]:
+        return self._keys
+
+    def get_tensor(self, key: str):
+        from safetensors import safe_open
+
+        with safe_open(self.path, "pt") as f:
+            return f.get_tensor(key)
+
+
 class Entries:
     """Read side of a cache file (or of a GGUF file held in memory): torch tensors by HF name."""
 
-    def __init__(self, tensors, meta: dict):
-        self.tensors, self.meta = tensors, meta
+    def __init__(self, tensors, meta: dict | None):
+        self.tensors, self.meta = tensors, tensors.meta if meta is None else meta
 
     @classmethod
     def from_cache(cls, folder):
-        from safetensors import safe_open
-
-        handle = safe_open(str(Path(folder) / WEIGHTS_FILE), "pt")
-        meta = json.loads(handle.metadata()["via_sd"])
-        return cls(handle, meta)
+        return cls(_CacheFile(Path(folder) / WEIGHTS_FILE), None)
 
     @classmethod
     def from_gguf(cls, path, config, reader=None):
