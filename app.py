@@ -890,10 +890,21 @@ def download_dir(request=None) -> Path:
         if "root" not in _downloads:
             _downloads["root"] = Path(tempfile.mkdtemp(prefix="via-sd-"))
             atexit.register(shutil.rmtree, _downloads["root"], ignore_errors=True)
-        # the session hash comes from the client: hashed, it can never name another path
-        folder = _downloads["root"] / hashlib.sha256(_session(request).encode()).hexdigest()[:20]
+        folder = _downloads["root"] / _session_folder(request)
         folder.mkdir(exist_ok=True)
     return folder
+
+
+def _session_folder(request) -> str:
+    # the session hash comes from the client: hashed, it can never name another path
+    return hashlib.sha256(_session(request).encode()).hexdigest()[:20]
+
+
+def forget_session(request: gr.Request = None) -> None:
+    """A visitor left the page (`demo.unload`): drop their download files and their Stop switch."""
+    _stops.pop(_session(request), None)
+    if "root" in _downloads:
+        shutil.rmtree(_downloads["root"] / _session_folder(request), ignore_errors=True)
 
 
 def _write(path: Path, text: str) -> None:
@@ -1174,7 +1185,8 @@ Tokens are colored by who decided them — hover one for its numbers."""
 def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
     examples, labels = example_prompts()
     _served["preset"] = preset
-    with gr.Blocks(title="VIA-SD Studio", fill_width=True) as demo:
+    # Gradio copies every served file into its own cache: hourly, drop copies older than an hour
+    with gr.Blocks(title="VIA-SD Studio", fill_width=True, delete_cache=(3600, 3600)) as demo:
         traces = gr.State({})
         theme = gr.Textbox(value="light", visible="hidden", elem_id="theme")
 
@@ -1208,7 +1220,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                 prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
                                     placeholder="Ask something, or pick an example below")
                 gr.Examples(examples, inputs=[prompt], example_labels=labels, label="Examples by task",
-                            cache_examples=False, examples_per_page=10)
+                            cache_examples=False, examples_per_page=10, elem_id="examples")
             with gr.Column(scale=2, min_width=300):
                 locked = preset_locked()
                 model = gr.Dropdown(preset_choices(), value=preset, label="Model preset", elem_id="preset",
@@ -1305,6 +1317,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     .then(race_ready, [traces, race_view], [race_view], api_name=False, **light))
 
         demo.load(None, None, theme, js=THEME_JS)
+        demo.unload(forget_session)
         timer = gr.Timer(0.5, active=_load_state["preset"] is not None or preset not in _pairs)
         timer.tick(poll_status, [model], [device, timer], api_name=False, show_progress="hidden")
         model.change(load_preset, [model], [device, status], api_name="load_preset", concurrency_id="gpu",

@@ -5,8 +5,9 @@
 Each setting loads the embedded pair in turn (one at a time). Passes run after a 120-token
 context held in the KV cache (rolled back after every pass), median of --repeat; prefill is
 one forward over a 150-token prompt. Agreement: the fp32 verifier continues each prompt greedily
-for --tokens tokens; every setting then reads prompt + that continuation in one forward and we
-count how often its top-1 equals fp32's next token (teacher-forced top-1 agreement).
+for --tokens tokens; every setting (fp32 included) then reads prompt + that continuation in one
+forward, and we count how often its top-1 equals fp32's top-1 at the same position
+(teacher-forced top-1 agreement with fp32).
 """
 
 from __future__ import annotations
@@ -58,13 +59,14 @@ def continuation(model, ids: list[int], tokens: int) -> list[int]:
 
 
 @torch.inference_mode()
-def agreement(model, refs) -> float:
-    hits = total = 0
-    for ids, cont in refs:
-        logits = model(torch.tensor([ids + cont])).logits[0, len(ids) - 1:-1]
-        hits += (logits.argmax(-1) == torch.tensor(cont)).sum().item()
-        total += len(cont)
-    return hits / total
+def top1(model, refs) -> list[list[int]]:
+    """Teacher-forced top-1 at every continuation position (one forward over prompt + continuation)."""
+    return [model(torch.tensor([ids + cont])).logits[0, len(ids) - 1:-1].argmax(-1).tolist() for ids, cont in refs]
+
+
+def agreement(mine: list[list[int]], reference: list[list[int]]) -> float:
+    pairs = [(a, b) for x, y in zip(mine, reference) for a, b in zip(x, y)]
+    return sum(a == b for a, b in pairs) / len(pairs)
 
 
 def main() -> int:
@@ -83,20 +85,24 @@ def main() -> int:
     prompts = [p["prompt"] for p in load_prompts(args.prompts, limit=args.limit)]
     context = torch.randint(1000, 20000, (1, 120), generator=torch.Generator().manual_seed(0))
     prompt150 = torch.randint(1000, 20000, (1, 150), generator=torch.Generator().manual_seed(1))
-    ref_path, refs, rows = Path(args.reference), None, []
+    ref_path, refs, ref_top1, rows = Path(args.reference), None, None, []
     if ref_path.is_file():
         saved = json.loads(ref_path.read_text())
         if saved.get("prompts") == prompts and saved.get("tokens") == args.tokens:
-            refs = saved["refs"]
-    if refs is None and "fp32" not in settings:
+            refs, ref_top1 = saved["refs"], saved.get("top1")
+    if (refs is None or ref_top1 is None) and "fp32" not in settings:
         settings = ["fp32", *settings]
+    settings = sorted(settings, key=lambda w: w != "fp32")  # fp32 first: it is the reference
     for weights in settings:
         t0 = time.perf_counter()
         pair = load_pair("embedded", weights=weights, route="none")
         load_s = time.perf_counter() - t0
         if refs is None:  # fp32 comes first: it defines the reference continuations
             refs = [(ids, continuation(pair.verifier, ids, args.tokens)) for ids in map(pair.encode, prompts)]
-            ref_path.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens, "refs": refs}))
+        mine = top1(pair.verifier, refs)
+        if weights == "fp32":  # compared with fp32's own teacher-forced top-1 (not the generated text,
+            ref_top1 = mine    # which min_new_tokens keeps from ending where fp32 would stop)
+            ref_path.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens, "refs": refs, "top1": mine}))
         v1 = pass_ms(pair.verifier, context, 1, args.repeat)
         v6 = pass_ms(pair.verifier, context, 6, args.repeat)
         d1 = pass_ms(pair.drafter, context, 1, args.repeat)
@@ -104,7 +110,7 @@ def main() -> int:
             prefill = timed(lambda: pair.verifier(prompt150, logits_to_keep=1), 1)
         row = {"weights": weights, "load_s": round(load_s, 1), "verify1_ms": round(v1, 1), "verify6_ms": round(v6, 1),
                "verify6_over_1": round(v6 / v1, 2), "drafter1_ms": round(d1, 1), "drafter_over_verifier": round(d1 / v1, 3),
-               "prefill150_ms": round(prefill), "agreement": round(agreement(pair.verifier, refs), 4)}
+               "prefill150_ms": round(prefill), "agreement": round(agreement(mine, ref_top1), 4)}
         rows.append(row)
         print(json.dumps(row), flush=True)
         del pair

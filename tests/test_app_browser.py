@@ -201,7 +201,8 @@ def test_dark_theme_and_presentation_mode(browser, app_url):
 
 @pytest.mark.embedded
 def test_embedded_pair_streams_real_text(browser, tmp_path):
-    """The real Qwen2.5-Coder pair behind the page (run under `flock /tmp/via-sd-heavy.lock`). The app
+    """The real Qwen2.5-Coder pair behind the page (run under `flock /tmp/via-sd-embedded.lock`): its first
+    drafts show pending, the first decided token arrives, and the text is real. The app
     runs in its own process, so no other test of this session may hold the embedded pair then (the
     `embedded_pair` fixture is first used in files sorted after this one)."""
     from via_sd.embedded import embedded_ready
@@ -211,12 +212,16 @@ def test_embedded_pair_streams_real_text(browser, tmp_path):
     proc, url = start_app("embedded", tmp_path / "app.log")
     try:
         page = open_page(browser, url)
-        page.wait_for_function("document.querySelector('#device').innerText.includes('float32')", timeout=300_000)
+        page.wait_for_function("document.querySelector('#device').innerText.includes('slim route')", timeout=600_000)
         tokens = page.locator("#max-new-tokens input[type=number]")
         tokens.fill("24")
         tokens.press("Enter")
         page.locator("#prompt textarea").fill("Write a Python function that adds two numbers.")
+        page.evaluate(RECORD_JS)
         page.locator("#run").click()
+        page.wait_for_selector('#via-tokens .via-live[data-state="decided"], #via-tokens .via-tok', timeout=120_000)
+        states = {state for pane, _, _, state in page.evaluate("window.__chips") if pane == "via-tokens"}
+        assert "pending" in states, "the first drafts showed before any tier decided them"
         page.wait_for_selector("#via-tokens .via-tok", timeout=120_000)
         page.wait_for_selector('#status [data-kind="ok"]', timeout=600_000)
         via_text = page.locator("#via-tokens .via-sd-tokens").inner_text()

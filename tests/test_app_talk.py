@@ -72,6 +72,23 @@ def test_a_pending_chip_is_neutral_and_a_decided_one_has_its_label_color():
     assert live_tokens_html(None, cands, 3).startswith('<div class="via-sd-tokens"')
 
 
+def test_a_replaced_draft_names_the_token_that_replaced_it():
+    pair = app.get_pair("random")
+    config = app.make_config(4, 1.0, 1.0, "draft", 0.0, 40, 0)  # lossless: the full model decides everything
+    checked = 0
+    events = list(app.stream_events(pair, PROMPT, "via", config))
+    trace = events[-1].trace
+    for event in events:
+        if event.kind != "decided":
+            continue
+        for c in app.with_replacements(event.candidates, pair, greedy=True):
+            if c["decision"] == "replaced":
+                emitted = [t for t in trace.tokens if t["round"] == event.round]
+                assert c["replacement_text"] == emitted[c["pos"]]["text"] and emitted[c["pos"]]["outcome"] == "replaced"
+                checked += 1
+    assert checked, "the run replaced some drafts"
+
+
 # ---- race replay ---------------------------------------------------------------------------------
 
 def test_race_replay_plays_both_traces_to_the_end_in_recorded_time():

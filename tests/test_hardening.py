@@ -15,8 +15,8 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -275,6 +275,13 @@ def test_a_sweep_stops_between_points_and_keeps_what_it_measured():
     tuned = [d for d in fig.data if d.name == "signal: slim"]
     assert len(tuned) == 1 and len(tuned[0].x) == 1, "the measured point is drawn"
 
+    queued = request("sweep-stop")
+    app.mark_queued(queued)
+    app.stop_run(queued)  # Stop while the sweep waits in the queue: nothing is measured
+    fig, status = app.measure_sweep(PROMPT, "random", 3, "slim", 0.0, 8, 0, "default", "0.5, 0.9", "0.0, 0.3",
+                                    0.5, 0.0, request=queued, progress=progress)
+    assert fig == app.gr.skip() and "before it started" in status
+
 
 def test_a_large_grid_is_refused_before_any_work():
     values = ", ".join(f"{i / 10_000:.4f}" for i in range(10_001))
@@ -314,6 +321,11 @@ def test_trace_table_refreshes_reuse_one_temp_folder_per_session(traces, monkeyp
     assert roots == {app._downloads["root"]} and roots.pop().name.startswith("via-sd-")
     evil = app.download_dir(SimpleNamespace(session_hash="../../../etc"))
     assert evil.parent == app._downloads["root"], "a session hash never names another path"
+    folders = {Path(p).parent for p in paths}
+    left = app._downloads["root"] / app._session_folder(request("downloads-a"))
+    assert left in folders and len(folders) == 2
+    app.forget_session(request("downloads-a"))  # that visitor closed the page: their files go
+    assert not left.exists() and all(f.exists() for f in folders - {left})
 
 
 def test_the_download_folder_is_removed_at_exit(tmp_path):

@@ -56,11 +56,11 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP):
     """Float [N, K] -> (codes uint8 0..15, scale, zero) per group of `group` columns, asymmetric
     min/max as gpt-fast: w ~= (q - 8) * scale + zero."""
     n, k = w.shape
-    g = w.float().reshape(n, k // group, group)
-    lo, hi = g.amin(-1), g.amax(-1)
+    g = w.reshape(n, k // group, group).float()
+    lo, hi = torch.aminmax(g, dim=-1)
     scale = ((hi - lo) / 15).clamp(min=1e-6)
-    q = ((g - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8).reshape(n, k)
-    return q, scale, lo + 8 * scale
+    g = (g - lo[..., None]).mul_((1 / scale)[..., None]).round_().clamp_(0, 15)  # one copy, then in place
+    return g.to(torch.uint8).reshape(n, k), scale, lo + 8 * scale
 
 
 _LAYOUT_OK = None
@@ -158,6 +158,9 @@ class LowbitEmbedding(nn.Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = codes.shape
         self.zero, self.group, self.padding_idx = zero, group, padding_idx
+        self.nibbles = int(codes.max()) < 16  # 4-bit codes: two to a byte
+        if self.nibbles:
+            codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
         self.codes = nn.Parameter(codes.to(torch.uint8).contiguous(), requires_grad=False)
         self.register_buffer("scale", scale.float().contiguous())
         self.register_buffer("offset", None if offset is None else offset.float().contiguous())
@@ -167,7 +170,10 @@ class LowbitEmbedding(nn.Module):
         return self.codes
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        q = self.codes[ids].float() - self.zero
+        q = self.codes[ids]
+        if self.nibbles:
+            q = torch.stack([q & 15, q >> 4], -1).flatten(-2)
+        q = q.float() - self.zero
         q = q.view(*ids.shape, -1, self.group) * self.scale[ids][..., None]
         if self.offset is not None:
             q = q + self.offset[ids][..., None]

@@ -16,8 +16,10 @@ from typing import Any
 from . import palette as P
 from .tokens import _CONTAINER_STYLE, _chip, candidate_label, token_html, visible_text
 
-PENDING_STYLE = ("background:transparent; color:inherit; border:2px dashed #999999; border-radius:4px; "
-                 "padding:0 1px; margin-right:1px; opacity:0.85;")
+# Same box as a decided chip (padding, radius), so nothing moves when the tier color arrives.
+PENDING_STYLE = ("background:rgba(127,127,127,0.22); color:inherit; outline:2px dashed rgba(127,127,127,0.95); "
+                 "outline-offset:-2px; border-radius:4px; padding:2px 1px; margin-right:1px; "
+                 "box-decoration-break:clone; -webkit-box-decoration-break:clone;")
 
 
 def _replacement(c: dict) -> str | None:

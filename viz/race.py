@@ -100,7 +100,7 @@ def _lane_html(lane: Lane, t: float, scale: float, place: int | None) -> str:
     else:
         badge = '<span class="via-race-badge via-race-running">running …</span>'
     split = " · ".join(f'<span style="border-bottom:3px solid {P.PHASE_COLORS[p]}">{P.PHASE_NAMES[p].split(" (")[0]} '
-                       f'{_secs(spent[p])}</span>' for p in PHASES if spent[p] > 0 or p != "slim")
+                       f'{_secs(spent[p])}</span>' for p in PHASES if spent[p] >= 0.005)
     tail = lane.tokens[max(0, shown - TEXT_TAIL):shown]
     chips = "".join(_chip(visible_text(str(tok.get("text", ""))), P.TIER_COLORS[token_label(tok, lane.method)])
                     for tok in tail)
