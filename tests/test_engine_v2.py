@@ -285,8 +285,17 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
 
 
+@pytest.fixture
+def one_thread():
+    """Thousands of tiny forward passes run faster on one thread (no thread wake-ups per op)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(top_p):
+def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(one_thread, top_p):
     """gamma = 2, one round per run: output token j (j = 0, 1 drafts, j = 2 the bonus) given the tokens before
     it must follow q(. | prompt + those tokens) over the runs whose first round reached position j. Runs are
     grouped by that prefix; the groups' chi-square statistics add up (significance 0.001 per position)."""
@@ -295,8 +304,8 @@ def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(t
     pair = tiny_random_pair(seed=3, verifier_layers=3)
     with torch.no_grad():  # a drafter that differs enough that residual resampling happens at each position
         pair.drafter.lm_head.weight.add_(torch.randn(pair.drafter.lm_head.weight.shape,
-                                                     generator=torch.Generator().manual_seed(0)) * 0.6)
-    prompt, temperature, gamma, runs = "the cat", 1.2, 2, 1500
+                                                     generator=torch.Generator().manual_seed(0)) * 0.2)
+    prompt, temperature, gamma, runs = "the cat", 2.0, 2, 1500
     prompt_ids = pair.tokenizer(prompt).input_ids
     samples = {j: {} for j in range(gamma + 1)}  # position -> prefix -> tokens seen there
     replaced = [0] * gamma
@@ -309,7 +318,7 @@ def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(t
             if j < gamma and cands[j]["decision"] == "replaced":
                 replaced[j] += 1
                 break
-    assert all(r > 0.05 * runs for r in replaced), f"residual resampling barely exercised: {replaced}"
+    assert all(r > 0.03 * runs for r in replaced), f"residual resampling barely exercised: {replaced}"
     for j, groups in samples.items():
         stat, dof = 0.0, 0
         for prefix, tokens in groups.items():
