@@ -558,12 +558,13 @@ class RunSwitch:
 
 def request_rerun(rerun, request: gr.Request = None):
     """At a slider release, before the queue: with "re-run on release", take a ticket. This session's
-    running run (and any older release still queued) is then superseded and ends within a round."""
+    running run (and any older release still queued) is then superseded and ends within a round.
+    Returns (ticket, race area)."""
     if not rerun:
-        return gr.skip()
+        return gr.skip(), gr.skip()
     session = _session(request)
     _release_tickets[session] = _release_tickets.get(session, 0) + 1
-    return _release_tickets[session]
+    return _release_tickets[session], RACE_HINT  # (ticket, race area: the last race is stale now)
 
 
 # ---- handlers: run, stop, preset ----------------------------------------------------------------
@@ -808,9 +809,8 @@ def threshold_preset_choices() -> list[tuple[str, str]]:
 
 
 def threshold_preset_info() -> str:
-    about = {"paper": "the paper's rule", "fastest": "fastest measured at ≥95% agreement",
-             "lossless": "every draft to the full model = plain SD"}
-    return " · ".join(f"{name}: {about.get(name, '')} ({th.signal} {th.accept:.2f} / {th.escalate:.2f})"
+    about = {"paper": "the paper's rule", "fastest": "measured fastest", "lossless": "= plain SD"}
+    return " · ".join(f"{name} ({about.get(name, '')}): {th.signal} {th.accept:.2f}/{th.escalate:.2f}"
                       for name, th in via_sd.THRESHOLD_PRESETS.items())
 
 
@@ -1328,11 +1328,11 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
             trigger(lambda: RACE_HINT, None, race_view, api_name=False, queue=False)
         started = run.click(None, None, theme, js=THEME_JS).then(
             run_compare, run_inputs, run_outputs, api_name="run", concurrency_id="gpu", concurrency_limit=1,
-            validator=on_enqueue(run_compare))
+            validator=on_enqueue(run_compare), show_progress_on=[via_pane, sd_pane])
         after_run(started)
         after_run(prompt.submit(None, None, theme, js=THEME_JS).then(
             run_compare, run_inputs, run_outputs, api_name=False, concurrency_id="gpu", concurrency_limit=1,
-            validator=on_enqueue(run_compare)))
+            validator=on_enqueue(run_compare), show_progress_on=[via_pane, sd_pane]))
         stop.click(stop_run, None, status, api_name="stop", concurrency_limit=None, queue=False)
         with_ar.change(lambda on: gr.HTML(visible=bool(on)), [with_ar], [ar_pane], api_name=False, queue=False)
         presentation.change(None, [presentation], None, js=PRESENTATION_JS)
@@ -1349,11 +1349,11 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         for control in (accept, escalate, signal):  # a hand on a control makes the setting custom
             control.input(None, None, threshold_preset, js=f"() => '{CUSTOM}'")
         for slider in (accept, escalate):  # the ticket is taken before the queue, so the running run ends at once
-            after_run(slider.release(request_rerun, [rerun], [ticket], api_name=False, queue=False,
+            after_run(slider.release(request_rerun, [rerun], [ticket, race_view], api_name=False, queue=False,
                                      trigger_mode="multiple").then(
                 rerun_on_release, [rerun, *run_inputs, ticket], run_outputs, api_name=False,
                 concurrency_id="gpu", concurrency_limit=1, validator=on_enqueue(rerun_on_release),
-                trigger_mode="always_last"))  # a release during a run runs once that run has stopped
+                trigger_mode="always_last", show_progress_on=[via_pane, sd_pane]))  # a release during a run runs once that run has stopped
         race.click(race_replay, [traces, race_speed], [race_view], api_name="race", **light)
         demo.load(poll_status, [model], [device, timer], api_name=False, show_progress="hidden").then(
             route_search_row, [model], [route_row], api_name=False, show_progress="hidden")

@@ -1,10 +1,12 @@
 """Per weights setting: verifier pass cost over 1 and 6 new tokens, prefill, drafter cost, agreement with fp32.
 
-    flock /tmp/via-sd-embedded.lock .venv/bin/python scripts/weights_passes.py --weights fp32,int4,int8-dyn,bf16
+    flock /tmp/via-sd-embedded.lock .venv/bin/python scripts/weights_passes.py --weights fp32,int4
 
-Each setting loads the embedded pair in turn (one at a time). Passes run after a 120-token
-context held in the KV cache (rolled back after every pass), median of --repeat; prefill is
-one forward over a 150-token prompt. Agreement: the fp32 verifier continues each prompt greedily
+Every setting's pair is loaded at once (fp32 + int4: about 11 GB), and the measurements are
+interleaved round by round, the order rotating, so the ratios to fp32 are paired (medians of
+per-round ratios) even on a busy machine. Passes run after a 120-token context held in the KV
+cache (rolled back after every pass), --repeat rounds; prefill is one forward over a 150-token
+prompt (2 rounds). Agreement: the fp32 verifier continues each prompt greedily
 for --tokens tokens; every setting (fp32 included) then reads prompt + that continuation in one
 forward, and we count how often its top-1 equals fp32's top-1 at the same position
 (teacher-forced top-1 agreement with fp32).
@@ -29,27 +31,22 @@ from via_sd import load_pair  # noqa: E402
 from via_sd.bench.inputs import DEFAULT_PROMPTS, load_prompts  # noqa: E402
 
 
-def timed(fn, repeat: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeat):
+class Passes:
+    """One model with a 120-token context in its KV cache; times a pass over `new` tokens, then rolls back."""
+
+    def __init__(self, model, context: torch.Tensor):
+        self.model, self.cache = model, DynamicCache()
+        with torch.inference_mode():
+            model(context, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+
+    @torch.inference_mode()
+    def ms(self, new: int) -> float:
+        extra = torch.randint(1000, 20000, (1, new), generator=torch.Generator().manual_seed(new))
         start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
-
-
-@torch.inference_mode()
-def pass_ms(model, context: torch.Tensor, new: int, repeat: int) -> float:
-    """One forward over `new` tokens after `context` is cached; the cache is cropped back each time."""
-    cache = DynamicCache()
-    model(context, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    extra = torch.randint(1000, 20000, (1, new), generator=torch.Generator().manual_seed(new))
-
-    def run():
-        model(extra, past_key_values=cache, use_cache=True, logits_to_keep=new)
-        cache.crop(-new)
-    return timed(run, repeat)
+        self.model(extra, past_key_values=self.cache, use_cache=True, logits_to_keep=new)
+        elapsed = time.perf_counter() - start
+        self.cache.crop(-new)
+        return elapsed * 1000
 
 
 @torch.inference_mode()
@@ -93,27 +90,43 @@ def main() -> int:
     if (refs is None or ref_top1 is None) and "fp32" not in settings:
         settings = ["fp32", *settings]
     settings = sorted(settings, key=lambda w: w != "fp32")  # fp32 first: it is the reference
-    for weights in settings:
+    pairs, load_s = {}, {}
+    for weights in settings:  # all loaded at once, so every measurement below is interleaved (paired)
         t0 = time.perf_counter()
-        pair = load_pair("embedded", weights=weights, route="none")
-        load_s = time.perf_counter() - t0
-        if refs is None:  # fp32 comes first: it defines the reference continuations
-            refs = [(ids, continuation(pair.verifier, ids, args.tokens)) for ids in map(pair.encode, prompts)]
-        mine = top1(pair.verifier, refs)
-        if weights == "fp32":  # compared with fp32's own teacher-forced top-1 (not the generated text,
-            ref_top1 = mine    # which min_new_tokens keeps from ending where fp32 would stop)
-            ref_path.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens, "refs": refs, "top1": mine}))
-        v1 = pass_ms(pair.verifier, context, 1, args.repeat)
-        v6 = pass_ms(pair.verifier, context, 6, args.repeat)
-        d1 = pass_ms(pair.drafter, context, 1, args.repeat)
-        with torch.inference_mode():
-            prefill = timed(lambda: pair.verifier(prompt150, logits_to_keep=1), 1)
-        row = {"weights": weights, "load_s": round(load_s, 1), "verify1_ms": round(v1, 1), "verify6_ms": round(v6, 1),
-               "verify6_over_1": round(v6 / v1, 2), "drafter1_ms": round(d1, 1), "drafter_over_verifier": round(d1 / v1, 3),
-               "prefill150_ms": round(prefill), "agreement": round(agreement(mine, ref_top1), 4)}
+        pairs[weights] = load_pair("embedded", weights=weights, route="none")
+        load_s[weights] = round(time.perf_counter() - t0, 1)
+    if refs is None:  # fp32 defines the reference continuations
+        refs = [(ids, continuation(pairs["fp32"].verifier, ids, args.tokens)) for ids in map(pairs["fp32"].encode, prompts)]
+    top = {w: top1(pair.verifier, refs) for w, pair in pairs.items()}
+    if "fp32" in top:  # compared with fp32's own teacher-forced top-1 (not the generated text, which
+        ref_top1 = top["fp32"]  # min_new_tokens keeps from ending where fp32 would stop)
+        ref_path.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens, "refs": refs, "top1": ref_top1}))
+    passes = {w: {"verifier": Passes(p.verifier, context), "drafter": Passes(p.drafter, context)} for w, p in pairs.items()}
+    kinds = {"verify1_ms": ("verifier", 1), "verify6_ms": ("verifier", 6), "drafter1_ms": ("drafter", 1)}
+    times = {w: {k: [] for k in [*kinds, "prefill150_ms"]} for w in pairs}
+    for rep in range(args.repeat + 1):  # round 0 warms up
+        order = settings[rep % len(settings):] + settings[:rep % len(settings)]
+        for w in order:
+            for key, (who, new) in kinds.items():
+                times[w][key].append(passes[w][who].ms(new))
+            if rep < 3:  # prefill is long: warm-up + 2
+                with torch.inference_mode():
+                    t0 = time.perf_counter()
+                    pairs[w].verifier(prompt150, logits_to_keep=1)
+                    times[w]["prefill150_ms"].append((time.perf_counter() - t0) * 1000)
+    med = {w: {k: statistics.median(v[1:]) for k, v in t.items()} for w, t in times.items()}
+    for w in settings:
+        m = med[w]
+        row = {"weights": w, "load_s": load_s[w], **{k: round(v, 1) for k, v in m.items()},
+               "verify6_over_1": round(m["verify6_ms"] / m["verify1_ms"], 2),
+               "drafter_over_verifier": round(m["drafter1_ms"] / m["verify1_ms"], 3),
+               "agreement": round(agreement(top[w], ref_top1), 4)}
+        if "fp32" in med and w != "fp32":  # paired: median over rounds of fp32 time / this time
+            for k in ("verify1_ms", "verify6_ms", "prefill150_ms"):
+                ratios = [a / b for a, b in zip(times["fp32"][k][1:], times[w][k][1:])]
+                row[f"speedup_{k[:-3]}"] = round(statistics.median(ratios), 2)
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del pair
     keys = list(rows[0])
     print("\n| " + " | ".join(keys) + " |\n|" + "---|" * len(keys))
     for row in rows:

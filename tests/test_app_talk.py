@@ -164,8 +164,8 @@ def test_a_release_supersedes_this_sessions_run_only():
     run_b = run(request=b, max_new_tokens=24, pace=2)
     for _ in range(4):
         next(run_a), next(run_b)
-    ticket = app.request_rerun(True, a)  # session a released a slider with "re-run on release" ticked
-    assert isinstance(ticket, int) and app.request_rerun(False, a) == app.gr.skip()
+    ticket, _ = app.request_rerun(True, a)  # session a released a slider with "re-run on release" ticked
+    assert isinstance(ticket, int) and app.request_rerun(False, a) == (app.gr.skip(), app.gr.skip())
     last_a = list(run_a)[-1]
     last_b = list(run_b)[-1]
     assert 'data-kind="stop"' in last_a[4] and "slider was released" in last_a[4]

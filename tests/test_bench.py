@@ -183,8 +183,9 @@ def test_call_lengths_rebuilt_from_a_trace_are_what_the_models_were_fed(pair):
             for prompt in ("hello world", "x = 1\n"):
                 for log in fed.values():
                     log.clear()
+                # progressive=False: the slim and full verifier run as separate models (their own forwards)
                 trace = generate(pair, prompt, method, DecodeConfig(gamma=4, max_new_tokens=23, chat=False,
-                                                                    thresholds=th))
+                                                                    thresholds=th, progressive=False))
                 assert bench.call_lengths(trace) == fed, (method, th.signal, prompt)
     finally:
         pair.slim = original

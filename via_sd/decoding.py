@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from .models import ModelPair
+from .routing import ProgressiveVerifier
 from .tiers import (DRAFT, FULL, SLIM, Thresholds, logits_to_probs, pick, relative_confidence, tier_of,
                     verify_draft)
 from .trace import Tally, Trace
@@ -46,6 +47,9 @@ class DecodeConfig:
     # VIA-SD: once this many tokens in a row were kept with no verifier, the next round's drafts go to a
     # verifier (tier A is closed for that round); 0 = no bound
     max_unverified: int = 32
+    # VIA-SD: the slim and full verifier share the sub-layers before the route's first skip (one KV cache,
+    # a full pass resumes from the slim pass's hidden states); False runs them separately (for comparison)
+    progressive: bool = True
 
     def __post_init__(self):
         for name in ("gamma", "max_new_tokens", "seed", "max_unverified"):
@@ -146,13 +150,17 @@ class Round:
 class Decoder:
     """State shared by the three methods: the pair, caches, sampling, clock."""
 
-    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock):
+    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str):
         self.pair, self.config, self.clock = pair, config, clock
         self.device = pair.drafter.device  # where probabilities are compared and sampled
         vocab = pair.vocab_size
         self.drafter = CachedModel(pair.drafter, vocab, pair.drafter.device, self.device)
-        self.slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
-        self.full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device)
+        if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
+            verifiers = ProgressiveVerifier(pair.slim, vocab, self.device)
+            self.slim, self.full = verifiers.view("slim"), verifiers.view("full")
+        else:
+            self.slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
+            self.full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -437,7 +445,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
                          f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
 
     clock = Clock(pair.drafter.device)
-    dec = Decoder(pair, config, clock)
+    dec = Decoder(pair, config, clock, method)
     verify = VERIFY[method]
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
                   dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict())

@@ -12,7 +12,7 @@
 
 The int4 kernel re-reads the packed weights for every few rows, so it is fast for the short passes
 of decoding and verification but grows linearly with rows; a long prompt may be cheaper as
-"de-quantize the weight, then one fp32 matmul". Which path a shape takes from how many rows on is
+"de-quantize the weight to bf16, then bf16 matmuls". Which path a shape takes from how many rows on is
 measured once per machine (`choose_kernels`) and kept in <cache>/lowbit-kernels.json.
 """
 
@@ -27,7 +27,7 @@ from torch import nn
 WEIGHTS = ("auto", "fp32", "bf16", "int4", "int8-dyn")
 GROUP = 32
 BLOCK_N = 64       # rows per block of the CPU packed layout (checked by _layout_ok)
-MAX_DENSE = 64 << 20  # weights above this many elements never take the de-quantize path (memory)
+MAX_DENSE = 64 << 20  # weights above this many elements never take the de-quantize path (memory: 2 B/weight)
 
 
 def resolve_weights(weights: str | None, device) -> str:
@@ -83,10 +83,20 @@ def _layout_ok() -> bool:
     return _LAYOUT_OK
 
 
+def _pack(q: torch.Tensor) -> torch.Tensor:
+    """Codes [n, k] (0..15) -> the kernel's packed layout; byte shuffling when the layout is the one
+    _unpack reads (no int32 copy), else torch's own packing."""
+    n, k = q.shape
+    if n % BLOCK_N == 0 and _layout_ok():
+        b = q.to(torch.uint8).view(n // BLOCK_N, 2, BLOCK_N // 2, k)
+        return (b[:, 0] | (b[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+
+
 class Int4Linear(nn.Module):
     """y = x @ W.T + b with W held as group-wise int4 in the layout of torch's CPU int4 kernel.
 
-    `dense_from`: from this many rows on, de-quantize W and use one fp32 matmul (None: never).
+    `dense_from`: from this many rows on, de-quantize W to bf16 and use bf16 matmuls (None: never).
     """
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias=None, group: int = GROUP):
@@ -99,6 +109,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2], the kernel's layout
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.dense_from: int | None = None
+        self._block_scales = None
 
     @classmethod
     def from_codes(cls, chunks, bias=None) -> "Int4Linear":
@@ -108,7 +119,7 @@ class Int4Linear(nn.Module):
         for q, scale, zero in chunks:
             if not int4_shape_ok(*q.shape):
                 raise ValueError(f"the int4 kernel cannot take a {q.shape[0]}x{q.shape[1]} weight")
-            packed.append(torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2))
+            packed.append(_pack(q))
             sz.append(torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).to(torch.bfloat16))
         return cls(torch.cat(packed, 0), torch.cat(sz, 1).contiguous(), bias)
 
@@ -126,8 +137,25 @@ class Int4Linear(nn.Module):
     def can_dequantize(self) -> bool:
         return self.out_features % BLOCK_N == 0 and self.out_features * self.in_features <= MAX_DENSE and _layout_ok()
 
+    def _blocks(self) -> torch.Tensor:
+        """W.T as bf16 blocks [N / 64, K, 64], straight from the packed layout (q * scale + (zero - 8 scale))."""
+        n, k, g = self.out_features, self.in_features, self.group
+        nb = n // BLOCK_N
+        if self._block_scales is None:  # the scales regrouped per block, made on first use
+            sz = self.scales_and_zeros.float()
+            shift = sz[..., 1] - 8 * sz[..., 0]
+            self._block_scales = [t.to(torch.bfloat16).reshape(k // g, nb, BLOCK_N).permute(1, 0, 2).contiguous()[:, :, None]
+                                  for t in (sz[..., 0], shift)]
+        packed = self.packed.view(nb, k, BLOCK_N // 2)
+        q = torch.empty(nb, k, BLOCK_N, dtype=torch.uint8)
+        torch.bitwise_and(packed, 15, out=q[..., :BLOCK_N // 2])
+        torch.bitwise_right_shift(packed, 4, out=q[..., BLOCK_N // 2:])
+        w = q.to(torch.bfloat16).view(nb, k // g, g, BLOCK_N)
+        scale, shift = self._block_scales
+        return w.mul_(scale).add_(shift).view(nb, k, BLOCK_N)
+
     def dequantize(self) -> torch.Tensor:
-        """W as float32 [N, K], exactly what the kernel multiplies by (bf16 scales and zeros)."""
+        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros)."""
         n, k = self.out_features, self.in_features
         q = _unpack(self.packed, n, k).float().view(n, k // self.group, self.group)
         sz = self.scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
@@ -137,7 +165,8 @@ class Int4Linear(nn.Module):
         shape = x.shape
         x = x.reshape(-1, self.in_features).to(torch.bfloat16)
         if self.dense_from is not None and x.shape[0] >= self.dense_from:
-            y = x.float() @ self.dequantize().t()
+            # many rows: de-quantize to bf16 blocks once, then bf16 matmuls (oneDNN) over the blocks
+            y = torch.matmul(x, self._blocks()).permute(1, 0, 2).reshape(x.shape[0], self.out_features).float()
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros).float()
         if self.bias is not None:
@@ -274,7 +303,7 @@ def _best_of(fn, repeat: int = 2) -> float:
 
 
 def measure_dense_from(layer: Int4Linear, rows=(32, 128, 512)) -> int | None:
-    """The fewest rows (of `rows`) at which de-quantize + fp32 matmul beat the int4 kernel, or None."""
+    """The fewest rows (of `rows`) at which de-quantize + bf16 matmul beat the int4 kernel, or None."""
     if not layer.can_dequantize():
         return None
     saved, gen = layer.dense_from, torch.Generator().manual_seed(0)

@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 ROUTES_DIR = Path(__file__).resolve().parent.parent / "assets" / "routes"
@@ -99,24 +100,33 @@ def resolve_route(route, num_layers: int) -> Route:
     return Route(base.name, validate_skip(base.skip, num_layers), num_layers, base.meta)
 
 
+# Decoder families whose forward pass the slim verifier reproduces exactly (route "none" equals the
+# verifier's logits, tests/test_architectures.py); anything else is refused when the pair loads.
+FAMILIES = {
+    "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+    "gemma2": "Gemma2 (sandwich norms, final logit soft-capping)",
+    "gemma3_text": "Gemma3 (sliding and global layers, rotary per layer type, soft-capping)",
+    "granite": "Granite (embedding, residual and logit multipliers)",
+}
+
+
 def _decoder_parts(verifier):
     """(base model with embed_tokens/layers/norm/rotary_emb, output head) of a HF causal LM."""
-    base = verifier.base_model
-    for attr in ("embed_tokens", "layers", "norm", "rotary_emb"):
-        if not hasattr(base, attr):
-            raise TypeError(f"{type(verifier).__name__} is not a Llama/Qwen2/Mistral/Gemma-style decoder "
-                            f"(no '{attr}'); the slim verifier cannot route it")
-    layer = base.layers[0]
-    for attr in ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm"):
-        if not hasattr(layer, attr):
-            raise TypeError(f"{type(layer).__name__} has no '{attr}'; the slim verifier cannot route it")
-    return base, verifier.get_output_embeddings()
+    kind = getattr(verifier.config, "model_type", None)
+    if kind not in FAMILIES:
+        raise ValueError(f"the slim verifier cannot route a {kind!r} verifier ({type(verifier).__name__}): it "
+                         f"reproduces only these decoder families exactly: {', '.join(FAMILIES)}; pick a verifier "
+                         "of one of them")
+    return verifier.base_model, verifier.get_output_embeddings()
 
 
 class SlimVerifier:
     """The verifier's own modules, run in order, skipping the sub-layers its route names.
 
-    Callable like a HF model: `slim(input_ids, past_key_values=cache).logits`.
+    Callable like a HF model: `slim(input_ids, past_key_values=cache).logits`. Sub-layer k is
+    attention of layer k // 2 when k is even, its MLP when odd; `run` executes a range of them, so
+    the slim and the full verifier can share the sub-layers before the first skipped one
+    (progressive verification, see `ProgressiveVerifier`).
     """
 
     def __init__(self, verifier, route: Route):
@@ -131,12 +141,30 @@ class SlimVerifier:
                              f"this verifier has {n} layers")
         validate_skip(route.skip, n)  # a route may not skip the first or last layer
         self.route = route
-        self.layer_types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * n)
+        mistral_window = self.config.model_type == "mistral" and getattr(self.config, "sliding_window", None)
+        every = "sliding_attention" if mistral_window else "full_attention"  # Mistral slides in every layer
+        self.layer_types = list(getattr(self.config, "layer_types", None) or [every] * n)
         self._gemma_norms = hasattr(self.base.layers[0], "pre_feedforward_layernorm")
+        cfg = verifier.config
+        self._embedding_scale = getattr(cfg, "embedding_multiplier", 1.0) if cfg.model_type == "granite" else 1.0
+        self._residual_scale = getattr(cfg, "residual_multiplier", 1.0) if cfg.model_type == "granite" else 1.0
+        self._logits_scale = getattr(cfg, "logits_scaling", 1.0) if cfg.model_type == "granite" else 1.0
+        self._softcap = getattr(cfg, "final_logit_softcapping", None)
+        self._rotary_per_type = cfg.model_type == "gemma3_text"
+        self.skipped = [self.route.skipped("mlp" if k % 2 else "attn", k // 2) for k in range(2 * n)]
 
     @property
     def device(self) -> torch.device:
         return self.base.embed_tokens.weight.device
+
+    @property
+    def sublayers(self) -> int:
+        return 2 * self.config.num_hidden_layers
+
+    @property
+    def first_skip(self) -> int:
+        """The first skipped sub-layer (all of them when the route skips none): slim and full agree before it."""
+        return self.skipped.index(True) if True in self.skipped else self.sublayers
 
     def parameters(self):
         """The parameters the slim pass uses: all of them belong to the verifier."""
@@ -153,38 +181,156 @@ class SlimVerifier:
                     seen.add(id(p))
                     yield p
 
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.base.embed_tokens(input_ids.to(self.device)) * self._embedding_scale
+
+    def run(self, h: torch.Tensor, start: int, cache, sublayers: range, skip: bool) -> torch.Tensor:
+        """Runs `sublayers` on hidden states h of positions start.. (skipping the route's sub-layers when
+        `skip`), with `cache` holding every attention sub-layer run here for the positions before start."""
+        ran = [k for k in sublayers if k % 2 == 0 and not (skip and self.skipped[k])]
+        if not ran:
+            return self._run(h, sublayers, skip, {})
+        position_ids = torch.arange(start, start + h.shape[1], device=h.device).unsqueeze(0)
+        mask_kwargs = dict(config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=cache,
+                           position_ids=position_ids, layer_idx=ran[0] // 2)  # every layer run holds `start` tokens
+        masks = {"full_attention": create_causal_mask(**mask_kwargs)}
+        if "sliding_attention" in self.layer_types:
+            masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+        if self._rotary_per_type:
+            rotary = {t: self.base.rotary_emb(h, position_ids, t) for t in set(self.layer_types)}
+        else:
+            rotary = dict.fromkeys(set(self.layer_types), self.base.rotary_emb(h, position_ids))
+        attention = dict(masks=masks, rotary=rotary, position_ids=position_ids, cache=cache)
+        return self._run(h, sublayers, skip, attention)
+
+    def _run(self, h, sublayers: range, skip: bool, attention: dict) -> torch.Tensor:
+        for k in sublayers:
+            if skip and self.skipped[k]:
+                continue
+            i, layer = k // 2, self.base.layers[k // 2]
+            h = h.to(layer.input_layernorm.weight.device)  # layers may sit on several GPUs (device_map)
+            kind = self.layer_types[i]
+            if k % 2 == 0:
+                h = self._attention(layer, h, attention_mask=attention["masks"][kind],
+                                    position_ids=attention["position_ids"], past_key_values=attention["cache"],
+                                    position_embeddings=tuple(t.to(h.device) for t in attention["rotary"][kind]))
+            else:
+                h = self._mlp(layer, h)
+        return h
+
     def _attention(self, layer, h, **kwargs):
         x, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), **kwargs)
         if self._gemma_norms:  # Gemma normalizes the attention output before the residual add
             x = layer.post_attention_layernorm(x)
-        return h + x
+        return h + x * self._residual_scale
 
     def _mlp(self, layer, h):
         if self._gemma_norms:
             return h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return h + layer.mlp(layer.post_attention_layernorm(h)) * self._residual_scale
+
+    def head(self, h: torch.Tensor, logits_to_keep: int = 0) -> torch.Tensor:
+        """Final norm and output head (with the family's logit scaling / soft-capping)."""
+        if logits_to_keep:
+            h = h[:, -logits_to_keep:]
+        h = self.base.norm(h.to(self.base.norm.weight.device))
+        logits = self.lm_head(h.to(self.lm_head.weight.device))
+        if self._logits_scale != 1.0:
+            logits = logits / self._logits_scale
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits
 
     @torch.inference_mode()
     def __call__(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep: int = 0, **_):
-        h = self.base.embed_tokens(input_ids.to(self.device))
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        position_ids = torch.arange(past, past + h.shape[1], device=h.device).unsqueeze(0)
-        mask_kwargs = dict(config=self.config, inputs_embeds=h, attention_mask=None,
-                           past_key_values=past_key_values, position_ids=position_ids)
-        masks = {"full_attention": create_causal_mask(**mask_kwargs)}
-        if "sliding_attention" in self.layer_types:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
-        position_embeddings = self.base.rotary_emb(h, position_ids)
-        for i, layer in enumerate(self.base.layers):
-            h = h.to(layer.input_layernorm.weight.device)  # layers may sit on several GPUs (device_map)
-            if not self.route.skipped("attn", i):
-                h = self._attention(layer, h, attention_mask=masks[self.layer_types[i]],
-                                    position_ids=position_ids, past_key_values=past_key_values,
-                                    position_embeddings=tuple(t.to(h.device) for t in position_embeddings))
-            if not self.route.skipped("mlp", i):
-                h = self._mlp(layer, h)
-        h = self.base.norm(h.to(self.base.norm.weight.device))
-        if logits_to_keep:
-            h = h[:, -logits_to_keep:]
-        logits = self.lm_head(h.to(self.lm_head.weight.device))
-        return SimpleNamespace(logits=logits, past_key_values=past_key_values)
+        start = past_key_values.get_seq_length() if past_key_values is not None else 0
+        h = self.run(self.embed(input_ids), start, past_key_values, range(self.sublayers), skip=True)
+        return SimpleNamespace(logits=self.head(h, logits_to_keep), past_key_values=past_key_values)
+
+
+def crop_cache(cache, length: int) -> None:
+    """Forgets every cached position from `length` on, layer by layer (layers may be shared)."""
+    for layer in cache.layers:
+        held = layer.get_seq_length()
+        if held > length:
+            layer.crop(length - held)
+
+
+class ProgressiveVerifier:
+    """The slim and the full verifier as one network up to the route's first skipped sub-layer.
+
+    Progressive verification: the sub-layers before that split run once for both, with one KV cache,
+    and their output hidden states are kept for every position one of the two has not yet seen; a full
+    pass after a slim pass (or a lazy catch-up) resumes from them instead of starting over. `view("slim")`
+    and `view("full")` are the two verifiers, each with its own cache for the sub-layers after the split.
+    """
+
+    def __init__(self, slim: SlimVerifier, vocab_size: int, output_device):
+        self.net, self.vocab_size, self.output_device = slim, vocab_size, output_device
+        self.split = slim.first_skip
+        self.cache, self.seen = DynamicCache(), 0  # the shared sub-layers
+        self.hidden: list[tuple[int, torch.Tensor]] = []  # (first position, hidden states at the split)
+        self.views = {"slim": VerifierView(self, skip=True), "full": VerifierView(self, skip=False)}
+
+    def view(self, name: str) -> "VerifierView":
+        return self.views[name]
+
+    def advance(self, seq: list[int], upto: int) -> None:
+        """Runs the shared sub-layers over seq[seen:upto] and keeps their hidden states."""
+        if self.seen < upto:
+            ids = torch.tensor([seq[self.seen:upto]], device=self.net.device)
+            h = self.net.run(self.net.embed(ids), self.seen, self.cache, range(self.split), skip=False)
+            self.hidden.append((self.seen, h))
+            self.seen = upto
+
+    def hidden_states(self, start: int, stop: int) -> torch.Tensor:
+        """The kept hidden states at the split for positions start..stop-1."""
+        parts = [h[:, max(start, s) - s: min(stop, s + h.shape[1]) - s] for s, h in self.hidden
+                 if s < stop and s + h.shape[1] > start]
+        out = torch.cat(parts, 1) if len(parts) > 1 else parts[0]
+        assert out.shape[1] == stop - start, "progressive verification lost hidden states it still needed"
+        return out
+
+    def forget(self) -> None:
+        """Drops hidden states both verifiers have seen."""
+        low = min(v.seen for v in self.views.values())
+        kept = [(s, h) for s, h in self.hidden if s + h.shape[1] > low]
+        self.hidden = [(max(s, low), h[:, max(low - s, 0):]) for s, h in kept]
+
+    def rollback(self, length: int) -> None:
+        if self.seen > length:
+            crop_cache(self.cache, length)
+            self.seen = length
+            self.hidden = [(s, h[:, : length - s]) for s, h in self.hidden if s < length]
+        for v in self.views.values():
+            v.drop(length)
+
+
+class VerifierView:
+    """One of the two verifiers of a ProgressiveVerifier: the sub-layers after the split, its own cache."""
+
+    def __init__(self, owner: ProgressiveVerifier, skip: bool):
+        self.owner, self.skip = owner, skip
+        self.cache, self.seen = DynamicCache(), 0
+
+    @torch.inference_mode()
+    def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
+        """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
+        owner, net = self.owner, self.owner.net
+        if self.seen > upto - keep:  # a position asked for again is fed again
+            owner.rollback(upto - keep)
+        owner.advance(seq, upto)
+        h = owner.hidden_states(self.seen, upto)
+        h = net.run(h, self.seen, self.cache, range(owner.split, net.sublayers), self.skip)
+        self.seen = upto
+        owner.forget()
+        return net.head(h, keep)[0, -keep:, : owner.vocab_size].to(owner.output_device)
+
+    def drop(self, length: int) -> None:
+        if self.seen > length:
+            crop_cache(self.cache, length)
+            self.seen = length
+
+    def rollback(self, length: int) -> None:
+        """Forgets every position past `length` (in the shared sub-layers too)."""
+        self.owner.rollback(length)

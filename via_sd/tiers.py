@@ -1,6 +1,15 @@
 """The tier rule and the acceptance / residual-sampling rules, as pure functions.
 
 A change to how VIA-SD sorts draft tokens touches `tier_of` and nothing else.
+
+What each tier does with a draft token x (drafted from p):
+  A `draft`: kept as drafted; no verifier sees it (not exact).
+  B `slim`:  the standard speculative check of x against the slim verifier q' (`verify_draft`):
+             greedy keeps x iff x = argmax q', else emits argmax q' (regeneration); sampling keeps x
+             with probability min(1, q'(x)/p(x)), else emits a sample of norm(max(0, q' - p)), so the
+             token follows q' exactly (not q: not exact).
+  C `full`:  the same check against the full verifier q, for x and every later draft: exact (greedy:
+             the full model's own choice; sampling: follows q).
 """
 
 from __future__ import annotations

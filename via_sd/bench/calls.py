@@ -90,6 +90,8 @@ def trace_record(trace, wall_ms: float) -> dict:
         "decode_tokens_per_s": s["tokens_per_s"], "wall_ms": wall_ms, "new_tokens": n,
         "prompt_tokens": s["prompt_tokens"], "token_ids": list(trace.token_ids), "rounds": len(trace.rounds),
         "drafted": sum(drafted), "kept": sum(kept), "drafted_by_position": drafted, "kept_by_position": kept,
+        "checked": sum(c["decision"] in ("kept", "replaced") for r in trace.rounds for c in r["candidates"]),
+        "replaced": sum(c["decision"] == "replaced" for r in trace.rounds for c in r["candidates"]),
         "tier_counts": dict(s["tier_counts"]), "drafter_calls": sum(drafted), "slim_calls": s.get("slim_calls", 0),
         "full_calls": s["full_calls"], "phase_ms": phase,
         "call_lengths": {m: [c for model, _, c in calls if model == m] for m in MODELS},

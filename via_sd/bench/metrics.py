@@ -74,7 +74,8 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
         out[f"logprob_delta_vs_{reference}"] = median([r.get(f"logprob_delta_vs_{reference}") for r in group])
         out[f"identical_to_{reference}"] = _share(group, f"identical_to_{reference}")
     if not traced:  # hf: only speed, forward calls and output
-        out.update({k: None for k in ("mean_accepted_length", "rejection_rate", "acceptance_by_position",
+        out.update({k: None for k in ("mean_accepted_length", "rejection_rate", "verified_rejection_rate",
+                                      "unverified_share", "acceptance_by_position",
                                       "tier_shares", "slim_calls_per_token", "phase_shares", "ms_per_call",
                                       "tokens_per_call", "ms_per_token")})
         return out
@@ -91,7 +92,9 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
     kept_share = _pooled(traced, "kept", "drafted")
     out.update({
         "mean_accepted_length": _pooled(traced, "new_tokens", "rounds"),
-        "rejection_rate": None if kept_share is None else 1.0 - kept_share,
+        "rejection_rate": None if kept_share is None else 1.0 - kept_share,  # the paper's: tier A counts as kept
+        "verified_rejection_rate": _pooled(traced, "replaced", "checked") if "checked" in traced[0] else None,
+        "unverified_share": tier_counts["draft"] / tokens if tokens else None,  # kept with no verifier
         "acceptance_by_position": [k / d if d else None for k, d in zip(kept, drafted)],
         "tier_shares": {t: c / tokens if tokens else 0.0 for t, c in tier_counts.items()},
         "slim_calls_per_token": calls["slim"] / tokens if tokens else None,

@@ -137,15 +137,17 @@ def markdown_sweep(sweep: dict) -> str:
              f"{cfg['max_new_tokens']} new tokens; speed-up = median paired tokens/s ratio over plain SD "
              f"({_f(sd['tokens_per_s'])} tokens/s, agreement {_f(sd['fidelity'], '{:.3f}')}); fidelity = full-model "
              "top-1 agreement. ★ = on the speed-up vs fidelity frontier.", "", _best_md(sweep["best"]), "",
-             "| route | signal | accept | escalate | × SD | agreement | rejection rate | accepted length | "
+             "| route | signal | accept | escalate | × SD | agreement | rejection rate (paper: tier A kept) | "
+             "verified rejection rate | unverified share | accepted length | "
              "full calls / token | slim calls / token | tiers draft/slim/full | frontier |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p in sorted(sweep["points"], key=lambda p: -(p["speedup"] or 0)):
         tiers = "/".join(f"{100 * p['tier_shares'][t]:.0f}%" for t in ("draft", "slim", "full"))
         lines.append(f"| {p['route']} | {p['signal']} | {p['accept']:.2f} | {p['escalate']:.2f} | "
                      f"{_f(p['speedup'], '{:.2f}×')} | {_f(p['fidelity'], '{:.3f}')} | {_f(p['rejection_rate'])} | "
+                     f"{_f(p.get('verified_rejection_rate'))} | {_f(p.get('unverified_share'))} | "
                      f"{_f(p['mean_accepted_length'])} | {_f(p['full_calls_per_token'])} | "
                      f"{_f(p['slim_calls_per_token'])} | {tiers} | {'★' if p['pareto'] else ''} |")
     lines.append(f"| SD | – | – | – | 1.00× | {_f(sd['fidelity'], '{:.3f}')} | {_f(sd['rejection_rate'])} | "
-                 f"{_f(sd['mean_accepted_length'])} | – | – | – | |")
+                 f"{_f(sd.get('verified_rejection_rate'))} | 0.00 | {_f(sd['mean_accepted_length'])} | – | – | – | |")
     return "\n".join(lines)

@@ -105,7 +105,8 @@ def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.
         points.append({**meta, "speedup": m["speedup_vs_sd"], "fidelity": m["agreement"],
                        "tokens_per_s": m["tokens_per_s"], "mean_logprob": m["mean_logprob"],
                        "logprob_delta_vs_sd": m["logprob_delta_vs_sd"], "identical_to_sd": m["identical_to_sd"],
-                       "rejection_rate": m["rejection_rate"], "mean_accepted_length": m["mean_accepted_length"],
+                       "rejection_rate": m["rejection_rate"], "verified_rejection_rate": m["verified_rejection_rate"],
+                       "unverified_share": m["unverified_share"], "mean_accepted_length": m["mean_accepted_length"],
                        "full_calls_per_token": m["full_calls_per_token"],
                        "slim_calls_per_token": m["slim_calls_per_token"], "tier_shares": m["tier_shares"]})
     front = pareto(points)
@@ -122,6 +123,7 @@ def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.
         "fidelity_is": "full-model top-1 agreement on the emitted tokens (teacher-forced)",
         "prompts": [{"index": i, "task": p["task"], "prompt": p["prompt"]} for i, p in enumerate(prompts)],
         "sd": {"method": "sd", "speedup": 1.0, "fidelity": sd["agreement"], "tokens_per_s": sd["tokens_per_s"],
-               "rejection_rate": sd["rejection_rate"], "mean_accepted_length": sd["mean_accepted_length"]},
+               "rejection_rate": sd["rejection_rate"], "verified_rejection_rate": sd["verified_rejection_rate"],
+               "mean_accepted_length": sd["mean_accepted_length"]},
         "points": points, "frontier": front, "best": best, "runs": runs, "stopped": stopped,
     }
