@@ -166,3 +166,13 @@ def test_weights_setting_is_recorded_in_every_trace():
     assert trace.models["weights"] == "int8-dyn" and len(trace.token_ids) == 4
     with pytest.raises(ValueError, match="int3"):
         load_pair("random", weights="int3")
+
+
+def test_an_int4_residual_keeps_what_6_bit_weights_hold():
+    raw = k_quant_blocks("Q6_K", rows=128, cols=256)
+    w = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q6_K).reshape(128, 256))
+    plain, exact = Int4Linear.from_float(w), Int4Linear.with_residual([w])
+    err_plain, err_exact = (plain.dequantize() - w).abs().max(), (exact.dequantize() - w).abs().max()
+    assert exact.residual is not None and err_exact <= err_plain / 8  # ~8 bits instead of 4
+    x = torch.randn(5, 256)
+    assert torch.allclose(exact(x), x.bfloat16().float() @ exact.dequantize().t(), atol=2e-2 * exact(x).abs().max())

@@ -357,9 +357,12 @@ def dequantize_codes(codes, scale, offset, info: dict, rows: slice = slice(None)
 
 
 
-def build_model(config, entries: Entries, weights: str, rows: int = 8192):
+def build_model(config, entries: Entries, weights: str, rows: int = 8192, residual_bits: int | None = None):
     """A transformers causal LM from codes / float tensors, in the requested weights setting,
-    one tensor at a time (the whole float model exists only for fp32 / bf16 / int8-dyn)."""
+    one tensor at a time (the whole float model exists only for fp32 / bf16 / int8-dyn).
+
+    int4: GGUF tensors of `residual_bits` bits or more get an int4 residual (Int4Linear.with_residual)
+    instead of losing bits; None: every tensor plain int4."""
     from accelerate import init_empty_weights
     from torch import nn
     from transformers import AutoModelForCausalLM
@@ -401,9 +404,15 @@ def build_model(config, entries: Entries, weights: str, rows: int = 8192):
             w = source(f"{name}.weight")
             bias = entries.float(f"{name}.bias") if module.bias is not None else None
             if weights == "int4" and int4_shape_ok(module.out_features, module.in_features):
-                chunks = int4_chunks(w) if entries.is_codes(w) else (
-                    quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, module.out_features, rows))
-                setattr(holder, child, Int4Linear.from_codes(chunks, bias))
+                info = entries.meta.get(w, {})
+                if residual_bits is not None and info.get("bits", 0) >= residual_bits:
+                    codes = entries.codes(w)
+                    new = Int4Linear.with_residual((dequantize_codes(*codes, slice(i, i + rows))
+                                                    for i in range(0, module.out_features, rows)), bias)
+                else:
+                    new = Int4Linear.from_codes(int4_chunks(w) if entries.is_codes(w) else (
+                        quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, module.out_features, rows)), bias)
+                setattr(holder, child, new)
             else:
                 module.weight = dense(w)
                 if bias is not None:

@@ -110,6 +110,7 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.dense_from: int | None = None
         self._block_scales = None
+        self.residual: Int4Linear | None = None  # see with_residual
 
     @classmethod
     def from_codes(cls, chunks, bias=None) -> "Int4Linear":
@@ -122,6 +123,22 @@ class Int4Linear(nn.Module):
             packed.append(_pack(q))
             sz.append(torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).to(torch.bfloat16))
         return cls(torch.cat(packed, 0), torch.cat(sz, 1).contiguous(), bias)
+
+    @classmethod
+    def with_residual(cls, float_chunks, bias=None) -> "Int4Linear":
+        """int4 of W plus an int4 `residual` of what that misses (about 8 bits in all), for weights the
+        GGUF keeps at 6 or 8 bits: twice the int4 cost for these tensors, none of their precision lost."""
+        main, rest = [], []
+        for w in float_chunks:
+            q, scale, zero = quantize_int4(w)
+            n, k = w.shape
+            approx = (q.float() - 8).view(n, -1, GROUP) * scale.to(torch.bfloat16).float()[..., None] \
+                + zero.to(torch.bfloat16).float()[..., None]  # what the kernel will multiply by
+            main.append((q, scale, zero))
+            rest.append(quantize_int4(w - approx.view(n, k)))
+        layer = cls.from_codes(main, bias)
+        layer.residual = cls.from_codes(rest)
+        return layer
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias=None, rows: int = 4096) -> "Int4Linear":
@@ -155,11 +172,12 @@ class Int4Linear(nn.Module):
         return w.mul_(scale).add_(shift).view(nb, k, BLOCK_N)
 
     def dequantize(self) -> torch.Tensor:
-        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros)."""
+        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros; residual added)."""
         n, k = self.out_features, self.in_features
         q = _unpack(self.packed, n, k).float().view(n, k // self.group, self.group)
         sz = self.scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
-        return ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
+        w = ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
+        return w if self.residual is None else w + self.residual.dequantize()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -169,6 +187,8 @@ class Int4Linear(nn.Module):
             y = torch.matmul(x, self._blocks()).permute(1, 0, 2).reshape(x.shape[0], self.out_features).float()
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros).float()
+        if self.residual is not None:
+            y = y + self.residual(x)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features)

@@ -30,6 +30,10 @@ PRESETS = {
     "random": {"drafter": "random:drafter", "verifier": "random:verifier", "route": "none",
                "about": "tiny random-weight Llama pair built in memory (mechanics only, gibberish text)"},
 }
+# int4 from a GGUF: the verifier's 6- and 8-bit tensors (Q6_K, Q8_0: its output head, half its
+# ffn_down / attn_v) keep an int4 residual, so they lose no precision (the drafter's do: it only
+# proposes). Measured: see /work/notes/issue-10.md.
+VERIFIER_RESIDUAL_BITS = 6
 # Sentences whose token ids a drafter and verifier must agree on.
 _TOKENIZER_PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
 
@@ -102,8 +106,10 @@ def _report(progress: Progress | None, message: str, fraction: float) -> None:
         progress(message, fraction)
 
 
-def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32"):
-    """A causal LM and its tokenizer from a hub id, a local folder, a .gguf file or a codes cache."""
+def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32",
+                residual_bits: int | None = None):
+    """A causal LM and its tokenizer from a hub id, a local folder, a .gguf file or a codes cache.
+    `residual_bits`: in int4, GGUF tensors stored with at least this many bits keep an int4 residual."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .gguf_pack import WEIGHTS_FILE, Entries, build_model, gguf_config
@@ -112,7 +118,8 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
     if Path(source, WEIGHTS_FILE).is_file():  # the embedded cache: GGUF codes, built into any setting
         from transformers import AutoConfig, GenerationConfig
 
-        model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights)
+        model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights,
+                            residual_bits=residual_bits)
         model.generation_config = GenerationConfig.from_pretrained(source)
         return model.to(device).eval(), AutoTokenizer.from_pretrained(source)
     if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
@@ -120,7 +127,7 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
 
         reader = GGUFReader(source)
         config = gguf_config(source, reader)
-        model = build_model(config, Entries.from_gguf(source, config, reader), weights)
+        model = build_model(config, Entries.from_gguf(source, config, reader), weights, residual_bits=residual_bits)
         path = Path(source)
         return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     kwargs = {"dtype": dtype, "trust_remote_code": False}
@@ -202,7 +209,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         _report(progress, f"loading verifier {verifier}", 0.5)
         spread = device.type == "cuda" and torch.cuda.device_count() > 1
         v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
-                                     weights=weights)
+                                     weights=weights, residual_bits=VERIFIER_RESIDUAL_BITS)
         models.append(v_model)
         _check_same_tokenization(d_tok, v_tok, drafter, verifier)
         slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
