@@ -60,7 +60,8 @@ def test_via_never_calls_full_model_when_escalate_is_zero(tiny_routed_pair):
 
 def test_via_draft_signal_needs_no_verifier_for_confident_drafts(tiny_routed_pair):
     """accept=0 puts every draft in tier A: neither verifier runs, no bonus token is added."""
-    trace = generate(tiny_routed_pair, "hello", "via", config(gamma=4, max_unverified=0, thresholds=Thresholds(0.0, 0.0, "draft")))
+    trace = generate(tiny_routed_pair, "hello", "via",
+                     config(gamma=4, max_unverified=0, thresholds=Thresholds(0.0, 0.0, "draft")))
     assert trace.summary["full_calls"] == 0 and trace.summary["slim_calls"] == 0
     assert all(t["tier"] == "draft" for t in trace.tokens)
     assert all(len(r["candidates"]) == 4 for r in trace.rounds)

@@ -361,3 +361,10 @@ def test_progressive_verification_gives_the_same_tokens_and_scores_as_separate_p
                         if ca[key] is not None:
                             assert ca[key] == pytest.approx(cb[key], abs=1e-5)
     assert rounds > 80 and escalating > 10  # many rounds, many of them resuming a full pass from a slim pass
+
+
+def test_discarded_drafts_keep_the_tier_they_were_sorted_into(tiny_routed_pair):
+    for method, th in (("sd", Thresholds()), ("via", ALL_TIERS)):
+        traces = [generate(tiny_routed_pair, prompt, method, config(thresholds=th)) for prompt in PROMPTS]
+        discarded = [c for t in traces for r in t.rounds for c in r["candidates"] if c["decision"] == "discarded"]
+        assert discarded and all(c["tier"] in ("draft", "slim", "full") for c in discarded)

@@ -10,8 +10,11 @@ recorded. What differs is who verifies:
                 verifier decides) or tier C (the full verifier checks it and every later draft)
 
 Each model keeps its own KV cache and catches up lazily on tokens it has not seen, so the full
-verifier runs only in rounds that escalate to it. `stream_events` yields an Event after drafting,
-after each tier's decisions and after each round; `stream` and `generate` are built on it.
+verifier runs only in rounds that escalate to it. In VIA-SD the slim and full verifier share the
+sub-layers before the route's first skip (progressive verification, routing.ProgressiveVerifier):
+one KV cache there, and a full pass resumes from the hidden states the slim pass left.
+`stream_events` yields an Event after drafting, after each tier's decisions and after each round;
+`stream` and `generate` are built on it.
 """
 
 from __future__ import annotations
@@ -143,7 +146,7 @@ class Round:
     slim_called: bool = False
     full_called: bool = False
     forced_by: str | None = None  # "max_unverified": tier A is closed this round
-    sorted_tiers: list = field(default_factory=list)  # each draft's tier by confidence (VIA-SD only)
+    sorted_tiers: list = field(default_factory=list)  # the tier each draft was sorted into
     phase_ms: dict = field(default_factory=lambda: {"draft": 0.0, "slim": 0.0, "full": 0.0})
 
 
@@ -256,6 +259,7 @@ def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[N
 
 def verify_sd(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
     """Speculative decoding: the full verifier checks every draft in one parallel pass."""
+    rnd.sorted_tiers = [FULL] * len(drafts)
     q, _ = dec.score(dec.full, FULL, seq, drafts, 0, len(drafts), rnd)
     dec.check(rnd, FULL, drafts, p, q, 0)
     yield
@@ -535,7 +539,7 @@ def _record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText
         trace.tokens.append(new[-1])
         for i, piece in text.add(tok["id"]).items():
             trace.tokens[i]["text"] = piece
-    for c, tier in zip(rnd.candidates, rnd.sorted_tiers or [None] * len(rnd.candidates)):
+    for c, tier in zip(rnd.candidates, rnd.sorted_tiers):
         if c["decision"] == "pending":  # after a replacement
             c["decision"], c["tier"] = "discarded", c["tier"] or tier
     ph = rnd.phase_ms

@@ -332,11 +332,13 @@ class Entries:
     def float(self, name: str):
         return self._get(name).float()
 
-    def codes(self, name: str):
-        """(codes uint8 [N, K], scale, offset or None, info dict)."""
-        info = self.meta[name]
+    def codes(self, name: str, unpack: bool = True):
+        """(codes uint8 [N, K], scale, offset or None, info dict); with unpack=False, 4-bit codes stay
+        two to a byte when the file holds them so (info["packed"] then says so)."""
+        info = dict(self.meta[name])
         codes = self._get(f"{name}.codes")
-        if info["bits"] == 4 and not info.get("unpacked"):
+        info["packed"] = info["bits"] == 4 and not info.get("unpacked") and not unpack
+        if info["bits"] == 4 and not info.get("unpacked") and unpack:
             codes = torch.stack([codes & 15, codes >> 4], -1).view(codes.shape[0], -1)
         offset = self._get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
         return codes, self._get(f"{name}.scale"), offset, info
@@ -420,9 +422,9 @@ def build_model(config, entries: Entries, weights: str, rows: int = 8192, residu
         elif isinstance(module, nn.Embedding):
             w = source(f"{name}.weight")
             if weights == "int4" and entries.is_codes(w):
-                codes, scale, offset, info = entries.codes(w)
+                codes, scale, offset, info = entries.codes(w, unpack=False)
                 setattr(holder, child, LowbitEmbedding(codes, scale, offset, info["zero"], info["group"],
-                                                       module.padding_idx))
+                                                       module.padding_idx, packed=info["packed"]))
             else:
                 module.weight = dense(w)
     for name, param in list(model.named_parameters()):

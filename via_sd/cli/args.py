@@ -24,6 +24,10 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--draft-stop", type=float, default=None,
                         help="end a round's drafting once the drafter's p(x) falls below this (0 = never)")
+    parser.add_argument("--thresholds", choices=["paper", "fastest", "lossless"], default="paper",
+                        help="threshold preset; --accept/--escalate/--signal override its values")
+    parser.add_argument("--max-unverified", type=int, default=None,
+                        help="send a round to a verifier after this many tokens in a row kept with none (0 = never)")
     parser.add_argument("--accept", type=float, default=None, help="tier A threshold (default: shipped)")
     parser.add_argument("--escalate", type=float, default=None, help="tier C threshold (default: shipped)")
     parser.add_argument("--signal", choices=["slim", "draft"], default=None, help="whose confidence sorts tokens")
@@ -56,10 +60,12 @@ def pair_from_args(args, weights: str | None = None):
 def config_from_args(args):
     from .. import DecodeConfig, Thresholds
 
-    base = Thresholds()
+    base = Thresholds.preset(getattr(args, "thresholds", "paper"))
     thresholds = Thresholds(accept=base.accept if args.accept is None else args.accept,
                             escalate=base.escalate if args.escalate is None else args.escalate,
                             signal=args.signal or base.signal)
     return DecodeConfig(gamma=args.gamma, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
                         top_p=args.top_p, seed=args.seed, thresholds=thresholds, chat=not args.no_chat,
-                        draft_stop=DecodeConfig.draft_stop if args.draft_stop is None else args.draft_stop)
+                        draft_stop=DecodeConfig.draft_stop if args.draft_stop is None else args.draft_stop,
+                        max_unverified=(DecodeConfig.max_unverified if getattr(args, "max_unverified", None) is None
+                                        else args.max_unverified))

@@ -38,7 +38,7 @@ def cmd_bench(args) -> int:
     costs = None
     if args.gpu_costs:
         costs = json.loads(Path(args.gpu_costs).read_text())
-    if "," in args.weights:  # weights settings side by side (via_sd/bench/weights.py)
+    if "," in getattr(args, "weights", "auto"):  # weights settings side by side (via_sd/bench/weights.py)
         return _bench_weights(args, prompts, config)
     pair = pair_from_args(args)
     started = time.time()

@@ -76,7 +76,42 @@ def measure_cost(pair, route: Route, gamma: int = 5, kv_length: int = 256, repea
         out[key] = {"tokens": tokens, "full_ms": round(statistics.median(times["full"]), 2),
                     "slim_ms": round(statistics.median(times["slim"]), 2),
                     "ratio": round(statistics.median(ratios), 3)}
+    out["escalation"] = measure_escalation(slim, ids, kv_length, gamma + 1, repeats)
     return out
+
+
+@torch.inference_mode()
+def measure_escalation(slim: SlimVerifier, ids, kv_length: int, tokens: int, repeats: int) -> dict:
+    """An escalating round's full pass after a slim pass: from scratch vs resumed from the slim pass's hidden
+    states at the route's first skip (progressive verification). A late first skip shares more."""
+    from ..routing import ProgressiveVerifier
+
+    seq = ids[0].tolist()
+    shared = ProgressiveVerifier(slim, slim.config.vocab_size, slim.device)
+    separate = SlimVerifier(slim.verifier, resolve_route("none", slim.config.num_hidden_layers))
+    cache = DynamicCache()
+    separate(ids[:, :kv_length], past_key_values=cache, logits_to_keep=1)
+    for name in ("slim", "full"):
+        shared.view(name).logits(seq, kv_length, 1)
+    times = {"scratch": [], "resumed": []}
+    for r in range(repeats + 1):  # the first is a warm-up
+        t0 = time.perf_counter()
+        separate(ids[:, kv_length:kv_length + tokens], past_key_values=cache, logits_to_keep=tokens)
+        t1 = time.perf_counter()
+        shared.view("slim").logits(seq, kv_length + tokens, tokens)
+        t2 = time.perf_counter()
+        shared.view("full").logits(seq, kv_length + tokens, tokens)
+        t3 = time.perf_counter()
+        cache.crop(-tokens)
+        shared.rollback(kv_length)
+        if r:
+            times["scratch"].append((t1 - t0) * 1000)
+            times["resumed"].append((t3 - t2) * 1000)
+    ratios = [b / a for a, b in zip(times["scratch"], times["resumed"])]
+    return {"tokens": tokens, "shared_sublayers": slim.first_skip, "sublayers": slim.sublayers,
+            "full_ms": round(statistics.median(times["scratch"]), 2),
+            "resumed_full_ms": round(statistics.median(times["resumed"]), 2),
+            "ratio": round(statistics.median(ratios), 3)}
 
 
 def measure_route(pair, route, texts: dict, gamma: int = 5, kv_length: int = 256, repeats: int = 9,
