@@ -660,24 +660,24 @@ def poll_status(preset):
 
 # ---- handlers: a better route for a pair that runs a provisional one ------------------------------
 
-_route_stops: dict[str, threading.Event] = {}
-
-
 def route_search_row(preset):
-    """The "search a better route" buttons show while the loaded pair runs a provisional route."""
+    """The "search a better route" buttons show while the loaded pair runs a provisional route (never on a
+    shared deployment: a search holds the model for minutes and changes the route of every visitor)."""
     pair = _pairs.get(preset)
-    return gr.Row(visible=pair is not None and bool(pair.route.meta.get("provisional")))
+    return gr.Row(visible=pair is not None and bool(pair.route.meta.get("provisional")) and not preset_locked())
 
 
 @gpu
 def search_better_route(preset, request: gr.Request = None, progress=gr.Progress()):
     """Search a measured route for the loaded pair in place of its provisional one (progress shown, Stop
     ends it, cached for next time). Returns (device line, status, route buttons row)."""
+    if preset_locked():
+        return (pair_status(preset), status_html(f"Route search is off here: the model is {LOCK_REASON}.", "error"),
+                gr.skip())
     pair = _pairs.get(preset)
     if pair is None:
         return pair_status(preset), status_html("The models are not loaded yet.", "error"), gr.skip()
-    stop = _route_stops.setdefault(_session(request), threading.Event())
-    stop.clear()
+    stop = run_stop(request)  # a Stop pressed while the search waited in the queue is not lost
     try:
         route = route_for(pair, progress=lambda message, fraction: progress(fraction, desc=message), stop=stop)
     except Exception as err:
@@ -692,7 +692,7 @@ def search_better_route(preset, request: gr.Request = None, progress=gr.Progress
 
 
 def stop_route_search(request: gr.Request = None) -> str:
-    _route_stops.setdefault(_session(request), threading.Event()).set()
+    stop_event(request).set()
     return status_html("stopping the route search after its current step …", "stop")
 
 
@@ -1359,7 +1359,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
             route_search_row, [model], [route_row], api_name=False, show_progress="hidden")
         timer.tick(route_search_row, [model], [route_row], api_name=False, show_progress="hidden")
         route_search.click(search_better_route, [model], [device, status, route_row], api_name="search_route",
-                           concurrency_id="gpu", concurrency_limit=1)
+                           concurrency_id="gpu", concurrency_limit=1, validator=on_enqueue(search_better_route))
         route_search_stop.click(stop_route_search, None, status, api_name=False, queue=False)
 
         sweep.click(None, None, theme, js=THEME_JS).then(
