@@ -11,16 +11,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import app  # noqa: E402
+from scripts.lowbit_memory import vm  # noqa: E402
 from via_sd import Thresholds  # noqa: E402
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
-
-
-def vm(field: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 2**20
-    return float("nan")
 
 
 def main() -> int:

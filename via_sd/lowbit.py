@@ -305,7 +305,7 @@ def apply_weights(model: nn.Module, weights: str) -> nn.Module:
 # ---- choosing between the int4 kernel and de-quantize + matmul, per shape, by measurement ----
 
 def _kernel_table_path():
-    from .embedded import cache_root
+    from .paths import cache_root
 
     return cache_root() / "lowbit-kernels.json"
 

@@ -26,7 +26,7 @@ def same_model(saved: dict | None, identity: dict) -> bool:
 def route_cache_dir() -> Path:
     """Where routes searched for models without a shipped one are kept: $VIA_SD_CACHE/routes or
     ~/.cache/via-sd/routes."""
-    from ..embedded import cache_root
+    from ..paths import cache_root
 
     return cache_root() / "routes"
 
