@@ -8,7 +8,7 @@
               to bfloat16 on the way in, everything else (norms, attention, residual) stays fp32
     int8-dyn  torch's dynamic int8 linears (int8 weights per channel, int8 activations per call)
     auto      CPU: int4 (4.5-5.7x faster passes than fp32; teacher-forced top-1 agreement with
-              fp32 0.980 on the bench prompts, the target was 0.99: /work/notes/issue-10.md);
+              fp32 0.980 on the bench prompts, the target was 0.99: BENCHMARKS.md);
               CUDA: bf16
 
 The int4 kernel re-reads the packed weights for every few rows, so it is fast for the short passes

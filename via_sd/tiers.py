@@ -74,7 +74,7 @@ class Thresholds:
 
 
 # Picked by a measured sweep on the embedded pair (int4 weights, route embedded-default, gamma 5, 32 tokens,
-# the held-out prompts; command and table in BENCHMARKS.md / notes/issue-9.md):
+# the held-out prompts; command and table in BENCHMARKS.md, scripts/preset_sweep.py):
 # paper    = the slim signal, fastest slim-signal point with every tier >= 5% (0.80-0.87x plain SD, agreement
 #            0.89; tiers 74/12/14%); these are also the thresholds both public reimplementations use. On this
 #            1.5B CPU verifier a slim pass costs ~0.85 of a full one, so the paper's rule cannot beat SD here.
