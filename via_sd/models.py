@@ -97,10 +97,6 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
 def _report(progress: Progress | None, message: str, fraction: float) -> None:
     if progress is not None:
         progress(message, fraction)
