@@ -13,7 +13,7 @@ from gguf.quants import dequantize, quantize
 
 from via_sd import DecodeConfig, generate, load_pair
 from via_sd.gguf_pack import Entries, UnsupportedTensorType, decompose, gguf_tensors
-from via_sd.lowbit import Int4Linear, LowbitEmbedding, quantize_int4, resolve_weights
+from via_sd.lowbit import Int4Linear, Int8Linear, LowbitEmbedding, RescoredHead, quantize_int4, resolve_weights
 
 ROWS, COLS = 64, 512
 GREEDY = DecodeConfig(gamma=4, max_new_tokens=24)
@@ -128,8 +128,9 @@ def test_q4_k_weights_become_int4_exactly_up_to_bf16_scales():
         if name not in ("model.embed_tokens.weight", "lm_head.weight"):  # the head is tied to the embedding
             tensors[name] = torch.randn(param.shape, generator=g) * 0.02
     model = build_model(config, Entries(tensors, meta), "int4")
-    head, embed = model.lm_head, model.model.embed_tokens
-    assert isinstance(head, Int4Linear) and isinstance(embed, LowbitEmbedding)
+    head, embed = model.lm_head.head, model.model.embed_tokens
+    assert isinstance(model.lm_head, RescoredHead) and isinstance(head, Int4Linear)
+    assert isinstance(embed, LowbitEmbedding)
     assert torch.equal(embed(torch.arange(64)), reference)  # the embedding keeps the GGUF codes as they are
     scale = torch.from_numpy(codes.scale).repeat_interleave(32, 1)
     bound = 2 ** -8 * (8 * scale + (torch.from_numpy(codes.offset).repeat_interleave(32, 1) + 8 * scale).abs())
@@ -168,11 +169,65 @@ def test_weights_setting_is_recorded_in_every_trace():
         load_pair("random", weights="int3")
 
 
-def test_an_int4_residual_keeps_what_6_bit_weights_hold():
-    raw = k_quant_blocks("Q6_K", rows=128, cols=256)
-    w = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q6_K).reshape(128, 256))
-    plain, exact = Int4Linear.from_float(w), Int4Linear.with_residual([w])
-    err_plain, err_exact = (plain.dequantize() - w).abs().max(), (exact.dequantize() - w).abs().max()
-    assert exact.residual is not None and err_exact <= err_plain / 8  # ~8 bits instead of 4
+def codes_model(kinds: dict[str, str], exact_top1: bool = True):
+    """A one-layer Llama whose tensors named in `kinds` are GGUF codes of that type (random valid
+    blocks), the rest random floats; returns (the int4 model, {name: reference fp32 weight})."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from via_sd.gguf_pack import build_model
+
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors, meta, reference, g = {}, {}, {}, torch.Generator().manual_seed(0)
+    for i, (name, param) in enumerate(skeleton.named_parameters()):
+        if name in kinds:
+            raw = k_quant_blocks(kinds[name], rows=param.shape[0], cols=param.shape[1], seed=i)
+            codes = decompose(raw, kinds[name], tuple(param.shape))
+            tensors.update({f"{name}.codes": torch.from_numpy(codes.codes), f"{name}.scale": torch.from_numpy(codes.scale)})
+            if codes.offset is not None:
+                tensors[f"{name}.offset"] = torch.from_numpy(codes.offset)
+            meta[name] = {"type": kinds[name], "bits": codes.bits, "group": codes.group, "zero": codes.zero,
+                          "shape": list(param.shape), "unpacked": True}
+            reference[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kinds[name]]).reshape(param.shape))
+        else:
+            tensors[name] = torch.randn(param.shape, generator=g) * 0.02
+    return build_model(config, Entries(tensors, meta), "int4", exact_top1=exact_top1), reference
+
+
+def test_wider_gguf_tensors_become_int8_and_the_head_is_rescored_exactly():
+    down, head = "model.layers.0.mlp.down_proj.weight", "lm_head.weight"
+    model, reference = codes_model({down: "Q6_K", head: "Q6_K", "model.layers.0.mlp.up_proj.weight": "Q5_K"})
+    layer = model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, Int8Linear) and isinstance(model.model.layers[0].mlp.up_proj, Int8Linear)
+    w = reference[down]  # 6-bit values -> int8 per row: within half a step (+ the bf16 row scale)
+    assert ((layer.dequantize() - w).abs().amax(1) <= w.abs().amax(1) * (1 / 254 + 2 ** -8)).all()
     x = torch.randn(5, 256)
-    assert torch.allclose(exact(x), x.bfloat16().float() @ exact.dequantize().t(), atol=2e-2 * exact(x).abs().max())
+    exact = x.bfloat16().float() @ layer.dequantize().t()
+    assert (layer(x) - exact).abs().max() <= 1e-2 * exact.abs().max()  # the kernel returns bf16
+    # the head: int4 of 6-bit values ranks the vocabulary, its best 16 are re-scored from the codes
+    assert isinstance(model.lm_head, RescoredHead) and isinstance(model.lm_head.head, Int4Linear)
+    h = torch.randn(40, 256)
+    logits, exact = model.lm_head(h), h @ reference[head].t()
+    top = exact.topk(3, -1).indices
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    assert torch.allclose(logits.gather(-1, top), exact.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(model.lm_head.head(h), exact, atol=1e-3)  # which int4 alone would not be
+    one_by_one = torch.cat([model.lm_head(h[i:i + 1]) for i in range(len(h))])
+    assert torch.equal(one_by_one, logits)  # each row on its own, whatever the batch
+    drafter, _ = codes_model({down: "Q6_K", head: "Q6_K"}, exact_top1=False)  # a drafter: all int4, fastest
+    assert isinstance(drafter.lm_head, Int4Linear) and isinstance(drafter.model.layers[0].mlp.down_proj, Int4Linear)
+
+
+def test_int8_linear_equals_the_dequantized_fp32_linear_and_refuses_odd_widths():
+    from via_sd.lowbit import int8_shape_ok
+
+    w, x = torch.randn(96, 512) * 0.05, torch.randn(7, 512)
+    layer = Int8Linear.from_float([w[:64], w[64:]])
+    assert ((layer.dequantize() - w).abs().amax(1) <= w.abs().amax(1) * (1 / 254 + 2 ** -8)).all()
+    exact = x.bfloat16().float() @ layer.dequantize().t()
+    assert (layer(x) - exact).abs().max() <= 1e-2 * exact.abs().max()
+    assert torch.equal(layer(x[3:4]), layer(x)[3:4])  # a row's result does not depend on the batch
+    assert int8_shape_ok(96, 512) and not int8_shape_ok(96, 100)  # torch's kernel crashes on such widths

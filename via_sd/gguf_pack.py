@@ -293,6 +293,21 @@ class _CacheFile:
         with safe_open(self.path, "pt") as f:
             return f.get_tensor(key)
 
+    def mapped(self, key: str) -> torch.Tensor:
+        """A tensor that is a view of a private memory map of the file: a page is read only when a row
+        on it is used, and counts in the RSS only then."""
+        import mmap
+
+        with open(self.path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            entry = json.loads(f.read(size))[key]
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        dtype = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16, "BF16": torch.bfloat16,
+                 "F32": torch.float32}[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        flat = torch.frombuffer(buffer, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=8 + size + begin)
+        return flat.view(entry["shape"])
+
 
 class Entries:
     """Read side of a cache file (or of a GGUF file held in memory): torch tensors by HF name."""
@@ -347,6 +362,32 @@ class Entries:
         """float32 [rows, K] of a codes tensor, as the gguf reference de-quantizer computes it."""
         return dequantize_codes(*self.codes(name), rows)
 
+    def exact_rows(self, name: str) -> "ExactRows":
+        """Rows of a codes tensor de-quantized on demand; from a cache file, without loading the rest."""
+        get = self.tensors.mapped if hasattr(self.tensors, "mapped") else self._get
+        codes, scale = get(f"{name}.codes"), get(f"{name}.scale")
+        offset = get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
+        info = dict(self.meta[name])
+        info["packed"] = info["bits"] == 4 and not info.get("unpacked")
+        return ExactRows(codes, scale, offset, info)
+
+
+class ExactRows:
+    """ids [...] -> float32 [..., K]: the rows of one GGUF tensor, de-quantized exactly (the output
+    head's rows for RescoredHead). Not a module: its codes are not weights a forward pass reads."""
+
+    def __init__(self, codes, scale, offset, info: dict):
+        self.codes, self.scale, self.offset, self.info = codes, scale, offset, info
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).cpu()
+        codes = self.codes[flat]
+        if self.info["packed"]:  # two 4-bit codes a byte, low nibble first
+            codes = torch.stack([codes & 15, codes >> 4], -1).view(len(flat), -1)
+        offset = None if self.offset is None else self.offset[flat]
+        w = dequantize_codes(codes, self.scale[flat], offset, self.info)
+        return w.view(*ids.shape, -1).to(ids.device)
+
 
 def dequantize_codes(codes, scale, offset, info: dict, rows: slice = slice(None)) -> torch.Tensor:
     """(codes - zero) * scale [+ offset] per group, float32, for the given rows."""
@@ -359,22 +400,27 @@ def dequantize_codes(codes, scale, offset, info: dict, rows: slice = slice(None)
 
 
 
-def build_model(config, entries: Entries, weights: str, rows: int = 8192, residual_bits: int | None = None):
+def build_model(config, entries: Entries, weights: str, rows: int = 8192, exact_top1: bool = True):
     """A transformers causal LM from codes / float tensors, in the requested weights setting,
     one tensor at a time (the whole float model exists only for fp32 / bf16 / int8-dyn).
 
-    int4: GGUF tensors of `residual_bits` bits or more get an int4 residual (Int4Linear.with_residual)
-    instead of losing bits; None: every tensor plain int4."""
+    int4: 4-bit tensors (group 32) keep their codes in the int4 kernel's layout; float tensors are
+    quantized to int4. With `exact_top1` (a verifier: its top-1 is the output) tensors stored at 5-8
+    bits become per-channel int8 (Int8Linear) and the output head re-scores its best logits exactly
+    (RescoredHead); without (a drafter: it only proposes, and int8 made it 1.5x slower) they are
+    re-quantized to int4 too."""
     from accelerate import init_empty_weights
     from torch import nn
     from transformers import AutoModelForCausalLM
 
-    from .lowbit import GROUP, Int4Linear, LowbitEmbedding, int4_shape_ok, quantize_int4, to_int8_dynamic
+    from .lowbit import (GROUP, Int4Linear, Int8Linear, LowbitEmbedding, RescoredHead, int4_shape_ok,
+                         int8_shape_ok, quantize_int4, to_int8_dynamic)
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     dtype = torch.bfloat16 if weights == "bf16" else torch.float32
     have = entries.keys()
+    head = model.get_output_embeddings()
 
     def source(name):
         if name in have:
@@ -388,6 +434,9 @@ def build_model(config, entries: Entries, weights: str, rows: int = 8192, residu
         w = entries.dequantize(name) if entries.is_codes(name) else entries.float(name)
         return nn.Parameter(w.to(dtype), requires_grad=False)
 
+    def chunks(name, n):
+        return (entries.dequantize(name, slice(i, i + rows)) for i in range(0, n, rows))
+
     def int4_chunks(name):
         codes, scale, offset, info = entries.codes(name)
         for i in range(0, codes.shape[0], rows):
@@ -399,21 +448,31 @@ def build_model(config, entries: Entries, weights: str, rows: int = 8192, residu
             else:  # 5-, 6-, 8-bit or group 16: re-quantized to 4 bits from the exact values
                 yield quantize_int4(dequantize_codes(codes, scale, offset, info, part))
 
+    def low_bit(module, w, bias):
+        """The int4-setting module for linear `module` with weight tensor `w`, or None (stays float)."""
+        n, k = module.out_features, module.in_features
+        if not entries.is_codes(w):
+            if not int4_shape_ok(n, k):
+                return None
+            return Int4Linear.from_codes((quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, n, rows)), bias)
+        info = entries.meta[w]
+        exact4 = info["bits"] == 4 and info["group"] == GROUP
+        if module is head and exact_top1 and int4_shape_ok(n, k):
+            return RescoredHead(Int4Linear.from_codes(int4_chunks(w), bias), entries.exact_rows(w))
+        if (exact4 or not exact_top1) and int4_shape_ok(n, k):
+            return Int4Linear.from_codes(int4_chunks(w), bias)
+        if int8_shape_ok(n, k):
+            return Int8Linear.from_float(chunks(w, n), bias)
+        return None
+
     for name, module in list(model.named_modules()):
         parent, _, child = name.rpartition(".")
         holder = model.get_submodule(parent) if parent else model
         if isinstance(module, nn.Linear):
             w = source(f"{name}.weight")
             bias = entries.float(f"{name}.bias") if module.bias is not None else None
-            if weights == "int4" and int4_shape_ok(module.out_features, module.in_features):
-                info = entries.meta.get(w, {})
-                if residual_bits is not None and info.get("bits", 0) >= residual_bits:
-                    codes = entries.codes(w)
-                    new = Int4Linear.with_residual((dequantize_codes(*codes, slice(i, i + rows))
-                                                    for i in range(0, module.out_features, rows)), bias)
-                else:
-                    new = Int4Linear.from_codes(int4_chunks(w) if entries.is_codes(w) else (
-                        quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, module.out_features, rows)), bias)
+            new = low_bit(module, w, bias) if weights == "int4" else None
+            if new is not None:
                 setattr(holder, child, new)
             else:
                 module.weight = dense(w)

@@ -2,14 +2,16 @@
 
     fp32      float32 everywhere (the reference)
     bf16      bfloat16 everywhere
-    int4      every linear (and the output head) as 4-bit codes, groups of 32 along the input
-              dimension, w = (q - 8) * scale + zero, run by torch's own CPU kernel
-              `_weight_int4pack_mm_for_cpu` (the layout gpt-fast uses); activations are rounded
-              to bfloat16 on the way in, everything else (norms, attention, residual) stays fp32
+    int4      every linear as 4-bit codes, groups of 32 along the input dimension,
+              w = (q - 8) * scale + zero, run by torch's own CPU kernel `_weight_int4pack_mm_for_cpu`
+              (the layout gpt-fast uses); activations are rounded to bfloat16 on the way in,
+              everything else (norms, attention, residual) stays fp32. From a GGUF: its 4-bit tensors
+              keep their own codes; tensors it stores at 5-8 bits become per-channel int8 (Int8Linear)
+              rather than lose bits; the output head's best 16 logits are re-scored exactly
+              (RescoredHead)
     int8-dyn  torch's dynamic int8 linears (int8 weights per channel, int8 activations per call)
-    auto      CPU: int4 (4.5-5.7x faster passes than fp32; teacher-forced top-1 agreement with
-              fp32 0.980 on the bench prompts, the target was 0.99: BENCHMARKS.md);
-              CUDA: bf16
+    auto      CPU: int4 (the fastest setting whose teacher-forced top-1 agreement with fp32 is at
+              least 0.99 on the bench prompts: BENCHMARKS.md); CUDA: bf16
 
 The int4 kernel re-reads the packed weights for every few rows, so it is fast for the short passes
 of decoding and verification but grows linearly with rows; a long prompt may be cheaper as
@@ -111,7 +113,6 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self.dense_from: int | None = None
         self._block_scales = None
-        self.residual: Int4Linear | None = None  # see with_residual
 
     @classmethod
     def from_codes(cls, chunks, bias=None) -> "Int4Linear":
@@ -124,22 +125,6 @@ class Int4Linear(nn.Module):
             packed.append(_pack(q))
             sz.append(torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).to(torch.bfloat16))
         return cls(torch.cat(packed, 0), torch.cat(sz, 1).contiguous(), bias)
-
-    @classmethod
-    def with_residual(cls, float_chunks, bias=None) -> "Int4Linear":
-        """int4 of W plus an int4 `residual` of what that misses (about 8 bits in all), for weights the
-        GGUF keeps at 6 or 8 bits: twice the int4 cost for these tensors, none of their precision lost."""
-        main, rest = [], []
-        for w in float_chunks:
-            q, scale, zero = quantize_int4(w)
-            n, k = w.shape
-            approx = (q.float() - 8).view(n, -1, GROUP) * scale.to(torch.bfloat16).float()[..., None] \
-                + zero.to(torch.bfloat16).float()[..., None]  # what the kernel will multiply by
-            main.append((q, scale, zero))
-            rest.append(quantize_int4(w - approx.view(n, k)))
-        layer = cls.from_codes(main, bias)
-        layer.residual = cls.from_codes(rest)
-        return layer
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias=None, rows: int = 4096) -> "Int4Linear":
@@ -173,12 +158,11 @@ class Int4Linear(nn.Module):
         return w.mul_(scale).add_(shift).view(nb, k, BLOCK_N)
 
     def dequantize(self) -> torch.Tensor:
-        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros; residual added)."""
+        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros)."""
         n, k = self.out_features, self.in_features
         q = _unpack(self.packed, n, k).float().view(n, k // self.group, self.group)
         sz = self.scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
-        w = ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
-        return w if self.residual is None else w + self.residual.dequantize()
+        return ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -188,8 +172,6 @@ class Int4Linear(nn.Module):
             y = torch.matmul(x, self._blocks()).permute(1, 0, 2).reshape(x.shape[0], self.out_features).float()
         else:
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros).float()
-        if self.residual is not None:
-            y = y + self.residual(x)
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
@@ -197,6 +179,80 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, " \
                f"dense_from={self.dense_from}"
+
+
+def int8_shape_ok(out_features: int, in_features: int) -> bool:
+    """What torch's CPU int8 kernel takes safely (it crashes or returns garbage for some other widths)."""
+    return in_features % GROUP == 0
+
+
+class Int8Linear(nn.Module):
+    """y = x @ W.T + b with W as int8 per output channel (scale = max |row| / 127), run by torch's CPU
+    kernel `_weight_int8pack_mm` (bf16 activations in). For the tensors a GGUF keeps at 5 to 8 bits:
+    re-quantizing those to int4 changed the verifier's top-1 where the int4 tensors did not, and the
+    int8 kernel is as fast as the int4 one on these shapes (BENCHMARKS.md)."""
+
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias=None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = nn.Parameter(weight, requires_grad=False)  # int8 [N, K]
+        self.register_buffer("scale", scale.to(torch.bfloat16))  # [N], the kernel takes the activations' dtype
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @classmethod
+    def from_float(cls, chunks, bias=None) -> "Int8Linear":
+        """From float [n, K] row chunks, quantized one chunk at a time."""
+        codes, scales = [], []
+        for w in chunks:
+            scale = w.abs().amax(1).clamp(min=1e-12) / 127
+            codes.append((w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
+            scales.append(scale)
+        return cls(torch.cat(codes), torch.cat(scales), bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """W as float32 [N, K], what the kernel multiplies by."""
+        return self.weight.float() * self.scale.float()[:, None]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.weight,
+                                                self.scale).float()
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+
+
+class RescoredHead(nn.Module):
+    """An output head in low-bit weights whose best `k` logits are re-scored exactly.
+
+    The low-bit head scores the whole vocabulary (fast, bf16-rounded: at a logit of 20 a bf16 step is
+    0.125, wider than many top-1 / top-2 gaps); then the `k` best rows are de-quantized exactly
+    (`exact_rows(ids) -> float32 [..., k, hidden]`, e.g. from the GGUF codes) and their logits
+    recomputed in fp32. So the top token is the exact weights' top token unless that one fell outside
+    the low-bit top k. Every row is computed on its own, whatever the batch."""
+
+    def __init__(self, head: nn.Module, exact_rows, k: int = 16):
+        super().__init__()
+        self.head, self.exact_rows, self.k = head, exact_rows, min(k, head.out_features)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    @property
+    def out_features(self) -> int:
+        return self.head.out_features
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        logits = self.head(h)
+        top = logits.topk(self.k, dim=-1).indices
+        exact = (self.exact_rows(top) * h.float().unsqueeze(-2)).sum(-1)
+        if self.head.bias is not None:
+            exact = exact + self.head.bias[top]
+        return logits.scatter(-1, top, exact)
 
 
 class LowbitEmbedding(nn.Module):

@@ -30,10 +30,6 @@ PRESETS = {
     "random": {"drafter": "random:drafter", "verifier": "random:verifier", "route": "none",
                "about": "tiny random-weight Llama pair built in memory (mechanics only, gibberish text)"},
 }
-# int4 from a GGUF: give the verifier's 6- and 8-bit tensors (Q6_K: its output head, half its ffn_down /
-# attn_v) an int4 residual so they lose no precision? Measured on the embedded verifier: top-1 agreement
-# with fp32 0.984 instead of 0.980 for 22% more time per pass, so off (None); 6 turns it on.
-VERIFIER_RESIDUAL_BITS = None
 # Sentences whose token ids a drafter and verifier must agree on.
 _TOKENIZER_PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
 
@@ -103,9 +99,9 @@ def _report(progress: Progress | None, message: str, fraction: float) -> None:
 
 
 def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32",
-                residual_bits: int | None = None):
+                exact_top1: bool = True):
     """A causal LM and its tokenizer from a hub id, a local folder, a .gguf file or a codes cache.
-    `residual_bits`: in int4, GGUF tensors stored with at least this many bits keep an int4 residual."""
+    `exact_top1`: see gguf_pack.build_model (True for a verifier, False for a drafter)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from .gguf_pack import WEIGHTS_FILE, Entries, build_model, gguf_config
@@ -115,7 +111,7 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
         from transformers import AutoConfig, GenerationConfig
 
         model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights,
-                            residual_bits=residual_bits)
+                            exact_top1=exact_top1)
         model.generation_config = GenerationConfig.from_pretrained(source)
         return model.to(device).eval(), AutoTokenizer.from_pretrained(source)
     if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
@@ -123,7 +119,7 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
 
         reader = GGUFReader(source)
         config = gguf_config(source, reader)
-        model = build_model(config, Entries.from_gguf(source, config, reader), weights, residual_bits=residual_bits)
+        model = build_model(config, Entries.from_gguf(source, config, reader), weights, exact_top1=exact_top1)
         path = Path(source)
         return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     kwargs = {"dtype": dtype, "trust_remote_code": False}
@@ -200,12 +196,13 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     models = []
     try:
         _report(progress, f"loading drafter {drafter}", 0.05)
-        d_model, d_tok = _load_model(_resolve_source(drafter, progress), dtype, device, spread=False, weights=weights)
+        d_model, d_tok = _load_model(_resolve_source(drafter, progress), dtype, device, spread=False, weights=weights,
+                                     exact_top1=False)
         models.append(d_model)
         _report(progress, f"loading verifier {verifier}", 0.5)
         spread = device.type == "cuda" and torch.cuda.device_count() > 1
         v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
-                                     weights=weights, residual_bits=VERIFIER_RESIDUAL_BITS)
+                                     weights=weights)
         models.append(v_model)
         _check_same_tokenization(d_tok, v_tok, drafter, verifier)
         slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
