@@ -142,7 +142,7 @@ def test_real_embedded_pair_loads_and_tokenizers_agree():
     import torch
     from transformers import AutoTokenizer
 
-    from via_sd.lowbit import Int4Linear, LowbitEmbedding
+    from via_sd.lowbit import Int4Linear, Int8Linear, LowbitEmbedding, RescoredHead
     from via_sd.models import _load_model
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -161,9 +161,13 @@ def test_real_embedded_pair_loads_and_tokenizers_agree():
     assert prompts[0] == prompts[1] and prompts[0].endswith("<|im_start|>assistant\n")
     prompt = prompts[0]
     ids = toks[0](prompt, return_tensors="pt").input_ids
-    for folder in (drafter_dir, verifier_dir):
-        model, _ = _load_model(str(folder), torch.float32, torch.device("cpu"), spread=False, weights="int4")
-        assert isinstance(model.lm_head, Int4Linear) and isinstance(model.model.embed_tokens, LowbitEmbedding)
+    for folder, verifier in ((drafter_dir, False), (verifier_dir, True)):
+        model, _ = _load_model(str(folder), torch.float32, torch.device("cpu"), spread=False, weights="int4",
+                               exact_top1=verifier)
+        assert isinstance(model.model.embed_tokens, LowbitEmbedding)
+        # the verifier keeps its 6-bit tensors in int8 and re-scores its head; the drafter is all int4
+        assert isinstance(model.lm_head, RescoredHead if verifier else Int4Linear)
+        assert any(isinstance(m, Int8Linear) for m in model.modules()) == verifier
         assert model.config.model_type == "qwen2" and model.config.vocab_size == len(toks[0])
         assert {151645, 151643} <= set(model.generation_config.eos_token_id)
         with torch.no_grad():

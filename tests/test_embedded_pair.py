@@ -27,6 +27,24 @@ def test_greedy_sd_matches_autoregressive_on_real_weights(embedded_pair, ar_trac
         assert sd.summary["mean_accepted_length"] > 1.5  # a real drafter agrees with its verifier often
 
 
+def test_a_verification_pass_gives_the_logits_of_one_token_steps_bit_for_bit(embedded_pair):
+    """With the default (int4) weights: row-invariant kernels, row attention, an exactly re-scored head."""
+    import torch
+    from transformers import DynamicCache
+
+    verifier = embedded_pair.verifier
+    prompt = torch.tensor([embedded_pair.encode(PROMPTS[1])])
+    new = torch.tensor([embedded_pair.encode("Leaves change colour because chlorophyll", chat=False)])
+    with torch.inference_mode():
+        cache = DynamicCache()
+        verifier(prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        steps = torch.cat([verifier(new[:, i:i + 1], past_key_values=cache, use_cache=True).logits[0]
+                           for i in range(new.shape[1])])
+        cache.crop(-new.shape[1])
+        batch = verifier(new, past_key_values=cache, use_cache=True, logits_to_keep=new.shape[1]).logits[0]
+    assert new.shape[1] >= 6 and torch.equal(batch, steps)
+
+
 def test_greedy_ar_matches_transformers_generate_on_real_weights(embedded_pair, ar_traces):
     pair = embedded_pair
     ids = pair.encode(PROMPTS[0])

@@ -231,3 +231,25 @@ def test_int8_linear_equals_the_dequantized_fp32_linear_and_refuses_odd_widths()
     assert (layer(x) - exact).abs().max() <= 1e-2 * exact.abs().max()
     assert torch.equal(layer(x[3:4]), layer(x)[3:4])  # a row's result does not depend on the batch
     assert int8_shape_ok(96, 512) and not int8_shape_ok(96, 100)  # torch's kernel crashes on such widths
+
+
+def test_an_int4_verification_pass_computes_what_one_token_steps_compute_bit_for_bit():
+    """Up to the output head (the tiny model's 97-token head is too narrow for the kernel and stays an
+    fp32 matmul, whose result may depend on the batch; the embedded verifier's head is int4). Batched
+    SDPA happens to match here too; on the embedded verifier (grouped-query attention) it moved logits
+    by up to 0.125 (BENCHMARKS.md), which row attention brings to 0."""
+    from transformers import DynamicCache
+
+    pair = load_pair("random", weights="int4", route="none")
+    base = pair.verifier.base_model
+    assert pair.verifier.config._attn_implementation == "via_sd_rows"
+    prompt = torch.tensor([pair.encode("The quick brown fox jumps", chat=False)])
+    new = torch.tensor([pair.encode("over the lazy", chat=False)])
+    with torch.inference_mode():
+        cache = DynamicCache()
+        base(prompt, past_key_values=cache, use_cache=True)
+        steps = torch.cat([base(new[:, i:i + 1], past_key_values=cache, use_cache=True).last_hidden_state[0]
+                           for i in range(new.shape[1])])
+        cache.crop(-new.shape[1])
+        batch = base(new, past_key_values=cache, use_cache=True).last_hidden_state[0]
+    assert new.shape[1] >= 6 and torch.equal(batch, steps)

@@ -188,6 +188,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
             apply_weights(pair.drafter, weights)
             apply_weights(pair.verifier, weights)
             pair.dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+        _batch_invariant(pair.verifier, weights)
         pair.weights, pair.weights_requested = weights, requested
         return pair
     weights = resolve_weights(requested, device)
@@ -204,6 +205,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
                                      weights=weights)
         models.append(v_model)
+        _batch_invariant(v_model, weights)
         _check_same_tokenization(d_tok, v_tok, drafter, verifier)
         slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
     except Exception as err:
@@ -222,6 +224,15 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         pair.set_route(provisional_route(v_model.config.num_hidden_layers))
     _report(progress, "models ready", 1.0)
     return pair
+
+
+def _batch_invariant(verifier, weights: str) -> None:
+    """int4: the verifier's linears compute every row on its own; row attention makes the rest do so,
+    so a verification pass gives bit for bit the logits of one-token steps (greedy SD == greedy AR)."""
+    if weights == "int4":
+        from .row_attention import use_row_attention
+
+        use_row_attention(verifier)
 
 
 def char_tokenizer():
