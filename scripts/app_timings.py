@@ -9,9 +9,11 @@ Targets (embedded pair cached on this machine):
     first decided token  within 2 s of clicking Run         (a draft in its tier color; the pair was loaded
                                                              in the background before the click)
     what-if update       under 200 ms after a slider move   (keydown on the accept slider -> new estimate)
+    memory               peak RSS of `python app.py` <= 3 GB after one comparison (VmHWM of the server)
 The run times are taken in the page (performance.now() from the pointer-down on Run to the first
 matching element, by a MutationObserver). Also reported: when the background load finished, the
-first recorded token (the round's end) and the run's own numbers. Writes artifacts/app_timings.json
+first recorded token (the round's end), the run's own numbers and the peak RSS of the `python app.py`
+process after that comparison. Writes artifacts/app_timings.json
 and screenshots artifacts/screenshots/timings-*.png.
 """
 
@@ -32,7 +34,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_app_browser import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
 PROMPT = "Write a Python function `is_palindrome(s)` that returns True if the string is a palindrome."
-TARGETS = {"page_usable_s": 30.0, "first_pending_s": 1.0, "first_decided_s": 2.0, "what_if_ms": 200.0}
+TARGETS = {"page_usable_s": 30.0, "first_pending_s": 1.0, "first_decided_s": 2.0, "what_if_ms": 200.0,
+           "app_peak_rss_gb": 3.0}
 
 # Times, in the page, from the pointer-down on Run to the first pending draft, first decided draft and
 # first recorded token of the VIA-SD pane.
@@ -66,6 +69,17 @@ WATCH_JS = """(expected) => {
   obs.observe(root, {subtree: true, childList: true, attributes: true, characterData: true});
   setTimeout(() => { obs.disconnect(); if (window.__whatifMs === undefined) window.__whatifMs = -1; }, 10000);
 }"""
+
+
+def peak_rss_gb(pid: int) -> float | None:
+    """VmHWM of a running process (Linux), in GB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) * 1024 / 1e9, 2)
+    except OSError:
+        pass
+    return None
 
 
 def main() -> int:
@@ -124,6 +138,7 @@ def main() -> int:
             result["first_token_s"] = run_marks.get("token")
             page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
             result["run_s"] = time.perf_counter() - clicked
+            result["app_peak_rss_gb"] = peak_rss_gb(proc.pid)  # `python app.py` after one comparison
             result["status"] = page.locator("#status").inner_text().strip()
             page.wait_for_selector("#confidence-plot .js-plotly-plot")
             result["metrics"] = page.locator("#metrics").inner_text().split("\n")
@@ -160,7 +175,7 @@ def main() -> int:
     result["met"] = {k: result.get(k) is not None and result[k] <= v for k, v in TARGETS.items()}
     Path(args.out).write_text(json.dumps(result, indent=1))
     for key in ("page_usable_s", "model_ready_s", "first_pending_s", "first_decided_s", "first_token_s", "run_s",
-                "what_if_ms", "what_if_ms_max"):
+                "app_peak_rss_gb", "what_if_ms", "what_if_ms_max"):
         value = result.get(key)
         target = TARGETS.get(key)
         print(f"{key:16s} {value:8.2f}" + (f"   target <= {target:g}: {'met' if result['met'][key] else 'MISSED'}"
