@@ -110,19 +110,30 @@ class Clock:
 
 
 class CachedModel:
-    """One model with its own KV cache, and how many tokens of the sequence that cache holds."""
+    """One model with its own KV cache, and how many tokens of the sequence that cache holds.
 
-    def __init__(self, forward, vocab_size: int, input_device, output_device):
+    `prompt`: the prompt's length. A first call that reads past the prompt reads the prompt alone
+    first, as AR's first call does, so every later position is fed as a pass extending the cache (with
+    row attention, bit for bit what one-token steps compute: greedy SD == greedy AR)."""
+
+    def __init__(self, forward, vocab_size: int, input_device, output_device, prompt: int = 0):
         self.forward = forward
         self.vocab_size = vocab_size
         self.input_device, self.output_device = input_device, output_device
         self.cache = DynamicCache()
-        self.seen = 0
+        self.seen, self.prompt = 0, prompt
 
     @torch.inference_mode()
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
         self.rollback(upto - keep)  # a position asked for again is fed again
+        if self.seen < self.prompt < upto:
+            inside = max(0, self.prompt - max(upto - keep, self.seen))  # asked-for positions in the prompt
+            first = self._feed(seq, self.prompt, max(inside, 1))
+            return torch.cat([first[first.shape[0] - inside:], self._feed(seq, upto, keep - inside)])
+        return self._feed(seq, upto, keep)
+
+    def _feed(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         ids = torch.tensor([seq[self.seen:upto]], device=self.input_device)
         out = self.forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.seen = upto
@@ -153,7 +164,7 @@ class Round:
 class Decoder:
     """State shared by the three methods: the pair, caches, sampling, clock."""
 
-    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str):
+    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str, prompt: int = 0):
         self.pair, self.config, self.clock = pair, config, clock
         self.device = pair.drafter.device  # where probabilities are compared and sampled
         vocab = pair.vocab_size
@@ -163,7 +174,7 @@ class Decoder:
             self.slim, self.full = verifiers.view("slim"), verifiers.view("full")
         else:
             self.slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
-            self.full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device)
+            self.full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device, prompt=prompt)
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -449,7 +460,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
                          f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
 
     clock = Clock(pair.drafter.device)
-    dec = Decoder(pair, config, clock, method)
+    dec = Decoder(pair, config, clock, method, prompt=len(prompt_ids))
     verify = VERIFY[method]
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
                   dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict())
@@ -462,8 +473,8 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         wall = clock.ms() - start - paused
         return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids), **extra}
 
-    # No separate prefill: each model reads the prompt with its first call of the first round, so the
-    # prompt costs no extra forward pass (its time is part of round 0; prefill_ms stays 0).
+    # No separate prefill: each model reads the prompt with its first call of the first round (the full
+    # verifier in a call of its own: CachedModel), so its time is part of round 0; prefill_ms stays 0.
     prefill_ms = 0.0
     stopped = False
     while True:

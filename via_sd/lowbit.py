@@ -252,7 +252,7 @@ class RescoredHead(nn.Module):
         exact = (self.exact_rows(top) * h.float().unsqueeze(-2)).sum(-1)
         if self.head.bias is not None:
             exact = exact + self.head.bias[top]
-        return logits.scatter(-1, top, exact)
+        return logits.scatter_(-1, top, exact)  # logits is the head's fresh output: no copy
 
 
 class LowbitEmbedding(nn.Module):
