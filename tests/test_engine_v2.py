@@ -4,7 +4,7 @@ bounded unverified runs, like-with-like metrics, linear-time bookkeeping, bad in
 import pytest
 import torch
 
-from via_sd import THRESHOLD_PRESETS, DecodeConfig, Thresholds, generate, stream, tiny_random_pair
+from via_sd import THRESHOLD_PRESETS, DecodeConfig, Thresholds, generate, load_pair, stream, tiny_random_pair
 from via_sd.decoding import stream_events
 
 PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n"]
@@ -368,3 +368,28 @@ def test_discarded_drafts_keep_the_tier_they_were_sorted_into(tiny_routed_pair):
         traces = [generate(tiny_routed_pair, prompt, method, config(thresholds=th)) for prompt in PROMPTS]
         discarded = [c for t in traces for r in t.rounds for c in r["candidates"] if c["decision"] == "discarded"]
         assert discarded and all(c["tier"] in ("draft", "slim", "full") for c in discarded)
+
+
+def test_the_full_verifier_reads_the_prompt_alone_then_extends_its_cache_like_steps():
+    """CachedModel(prompt=L): a first call past the prompt reads the prompt in a call of its own (as
+    AR's first call), then the rest, and returns the asked-for positions of both in order."""
+    from via_sd.decoding import CachedModel
+
+    pair = load_pair("random", weights="int4", route="none")
+    seq = pair.encode("The quick brown fox jumps over", chat=False)
+    prompt = len(seq) - 5
+    fed = []
+
+    def forward(input_ids, **kwargs):
+        fed.append(input_ids.shape[1])
+        return pair.verifier(input_ids=input_ids, **kwargs)
+
+    vocab = pair.vocab_size
+    batch = CachedModel(forward, vocab, "cpu", "cpu", prompt=prompt).logits(seq, len(seq), 6)
+    assert fed == [prompt, 5] and batch.shape == (6, vocab)
+    steps_model = CachedModel(pair.verifier, vocab, "cpu", "cpu")
+    steps = torch.cat([steps_model.logits(seq, n, 1) for n in range(prompt, len(seq) + 1)])
+    assert torch.allclose(batch, steps, atol=1e-5) and torch.equal(batch.argmax(-1), steps.argmax(-1))
+    fed.clear()
+    later = CachedModel(forward, vocab, "cpu", "cpu", prompt=prompt)
+    assert later.logits(seq, len(seq), 2).shape == (2, vocab) and fed == [prompt, 5]  # no prompt position asked
