@@ -30,9 +30,12 @@ def forward_calls(trace) -> list[tuple[str, int, int]]:
     Rebuilt from the trace by replaying the engine's cache rule: a verifier pass scores the drafts
     whose q_slim / q_full it recorded (all of them in traces that predate per-position passes) and
     feeds what it has not seen, from the position before the first draft it scores at the latest;
-    after a round every cache is cut back to the tokens that were kept.
+    after a round every cache is cut back to the tokens that were kept. The full verifier (not the
+    progressive one) reads the prompt in a call of its own before anything past it (CachedModel);
+    traces from engines before 2026-11-30 read both in one call, so their first full call replays as two.
     """
     prompt_len = trace.summary["prompt_tokens"]
+    split_prompt = not (trace.method == "via" and trace.config.get("progressive"))
     calls, seen = [], {m: 0 for m in MODELS}
     for m in sorted(prefilled_models(trace)):
         calls.append((m, -1, prompt_len - 1))
@@ -48,6 +51,9 @@ def forward_calls(trace) -> list[tuple[str, int, int]]:
             if r[f"{m}_called"]:
                 start, stop = _scored(r["candidates"], m)
                 seen[m] = min(seen[m], length + start - 1)  # the row before the first scored draft is fed again
+                if m == "full" and split_prompt and seen[m] < prompt_len < length + stop:
+                    calls.append((m, k, prompt_len - seen[m]))  # the full verifier reads the prompt alone first
+                    seen[m] = prompt_len
                 calls.append((m, k, length + stop - seen[m]))
                 seen[m] = length + stop
         kept = sum(c["decision"] in KEPT_DECISIONS for c in r["candidates"])
