@@ -53,7 +53,8 @@ def markdown(result: dict) -> str:
     lines += [*_targets_md(result), ""]
     lines += [f"**{result['models']['drafter']} → {result['models']['verifier']}**, route "
               f"`{result['models']['route']}` ({len(result['models']['skipped'])} sub-layers skipped), "
-              f"{result['machine']['device']} {result['machine']['dtype']}, gamma {cfg['gamma']}, "
+              f"{result['machine']['device']} {result['models'].get('weights') or result['machine']['dtype']} weights, "
+              f"gamma {cfg['gamma']}, "
               f"{cfg['max_new_tokens']} new tokens, temperature {cfg['temperature']}, thresholds accept "
               f"{th['accept']} / escalate {th['escalate']} (signal {th['signal']}), {len(result['prompts'])} "
               f"prompt(s) × {result['repeats']} repeat(s); medians, speed-ups from paired runs; peak memory: "
