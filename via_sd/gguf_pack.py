@@ -407,7 +407,7 @@ def build_model(config, entries: Entries, weights: str, rows: int = 8192, exact_
     int4: 4-bit tensors (group 32) keep their codes in the int4 kernel's layout; float tensors are
     quantized to int4. With `exact_top1` (a verifier: its top-1 is the output) tensors stored at 5-8
     bits become per-channel int8 (Int8Linear) and the output head re-scores its best logits exactly
-    (RescoredHead); without (a drafter: it only proposes, and int8 made it 1.5x slower) they are
+    (RescoredHead); without (a drafter: it only proposes, and int8 made it 1.6x slower) they are
     re-quantized to int4 too."""
     from accelerate import init_empty_weights
     from torch import nn
