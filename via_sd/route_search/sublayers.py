@@ -49,12 +49,14 @@ def skip_names(skip) -> tuple[str, ...]:
 
 
 def sublayer_sizes(verifier) -> tuple[list[int], int]:
-    """Parameters of every sub-layer in execution order (norms included), and of the whole forward
-    (embedding lookup excluded, output head included): decode reads each of them once per step."""
+    """Bytes of weights of every sub-layer in execution order (norms included), and of the whole
+    forward (embedding lookup excluded, output head included): decode reads each of them once per
+    step. Bytes, not parameter counts, so that mixed low-bit weights (int4 codes two to a byte, int8,
+    fp32 norms) weigh what they cost to read."""
     base, head = verifier.base_model, verifier.get_output_embeddings()
 
     def count(*modules) -> int:
-        return sum(p.numel() for m in modules for p in m.parameters())
+        return sum(p.numel() * p.element_size() for m in modules for p in m.parameters())
 
     sizes = []
     for layer in base.layers:
@@ -67,7 +69,7 @@ def sublayer_sizes(verifier) -> tuple[list[int], int]:
 
 
 def weight_share(verifier, route: Route) -> dict:
-    """Parameter shares (a noise-free proxy of decode cost): `read` = the share a slim forward uses;
+    """Weight-byte shares (a noise-free proxy of decode cost): `read` = the share a slim forward uses;
     `shared_prefix` = the share before the first skipped sub-layer, which an escalating round could
     reuse from the slim pass instead of recomputing."""
     sizes, total = sublayer_sizes(verifier)
