@@ -30,7 +30,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from scripts.lowbit_memory import vm  # noqa: E402
 from test_app_browser import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
 
 PROMPT = "Write a Python function `is_palindrome(s)` that returns True if the string is a palindrome."
@@ -69,17 +70,6 @@ WATCH_JS = """(expected) => {
   obs.observe(root, {subtree: true, childList: true, attributes: true, characterData: true});
   setTimeout(() => { obs.disconnect(); if (window.__whatifMs === undefined) window.__whatifMs = -1; }, 10000);
 }"""
-
-
-def peak_rss_gb(pid: int) -> float | None:
-    """VmHWM of a running process (Linux), in GB."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) * 1024 / 1e9, 2)
-    except OSError:
-        pass
-    return None
 
 
 def main() -> int:
@@ -138,7 +128,7 @@ def main() -> int:
             result["first_token_s"] = run_marks.get("token")
             page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
             result["run_s"] = time.perf_counter() - clicked
-            result["app_peak_rss_gb"] = peak_rss_gb(proc.pid)  # `python app.py` after one comparison
+            result["app_peak_rss_gb"] = round(vm("VmHWM", proc.pid), 2)  # `python app.py` after one comparison
             result["status"] = page.locator("#status").inner_text().strip()
             page.wait_for_selector("#confidence-plot .js-plotly-plot")
             result["metrics"] = page.locator("#metrics").inner_text().split("\n")

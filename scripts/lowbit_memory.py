@@ -19,11 +19,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
 
 
-def vm(field: str) -> float:
-    """GB of a /proc/self/status field (VmHWM = peak resident set, VmRSS = now)."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 2**20
+def vm(field: str, pid: int | str = "self") -> float:
+    """GB (10^9 bytes) of a /proc/<pid>/status field (VmHWM = peak resident set, VmRSS = now); nan if
+    the process or field is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024 / 1e9
+    except OSError:
+        pass
     return float("nan")
 
 
