@@ -253,3 +253,30 @@ def test_an_int4_verification_pass_computes_what_one_token_steps_compute_bit_for
         cache.crop(-new.shape[1])
         batch = base(new, past_key_values=cache, use_cache=True).last_hidden_state[0]
     assert new.shape[1] >= 6 and torch.equal(batch, steps)
+
+
+def test_a_codes_cache_file_reads_back_whole_and_through_its_memory_map(tmp_path):
+    """4-bit codes stored two a byte come back as the same codes, read whole or as a memory-mapped
+    view; exact rows of a mapped tensor equal the reference de-quantizer's rows."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from via_sd.gguf_pack import WEIGHTS_FILE
+    from via_sd.lowbit import pack_nibbles
+
+    raw = k_quant_blocks("Q4_K", rows=64, cols=256)
+    codes = decompose(raw, "Q4_K", (64, 256))
+    name = "lm_head.weight"
+    save_file({f"{name}.codes": torch.from_numpy(pack_nibbles(codes.codes)).contiguous(),
+               f"{name}.scale": torch.from_numpy(codes.scale), f"{name}.offset": torch.from_numpy(codes.offset)},
+              str(tmp_path / WEIGHTS_FILE), metadata={"via_sd": json.dumps(
+                  {name: {"type": "Q4_K", "bits": 4, "group": 32, "zero": 0, "shape": [64, 256]}})})
+    entries = Entries.from_cache(tmp_path)
+    whole, mapped = entries.codes(name), entries.codes(name, mapped=True)
+    for a, b in zip(whole[:3], mapped[:3]):
+        assert torch.equal(a, b)
+    assert torch.equal(whole[0], torch.from_numpy(codes.codes))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
+    ids = torch.tensor([[3, 60], [0, 17]])
+    assert torch.equal(entries.exact_rows(name)(ids), reference[ids])

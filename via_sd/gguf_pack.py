@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .lowbit import pack_nibbles, unpack_nibbles
+
 
 class UnsupportedTensorType(ValueError):
     """A GGUF tensor type we cannot unpack; names the type, the tensor and the file."""
@@ -256,7 +258,7 @@ def write_cache(path, out) -> dict:
         if isinstance(value, Codes):
             codes = value.codes
             if value.bits == 4:
-                codes = codes[:, 0::2] | (codes[:, 1::2] << np.uint8(4))
+                codes = pack_nibbles(codes)
             tensors[f"{hf}.codes"] = torch.from_numpy(np.ascontiguousarray(codes))
             tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
             if value.offset is not None:
@@ -347,16 +349,18 @@ class Entries:
     def float(self, name: str):
         return self._get(name).float()
 
-    def codes(self, name: str, unpack: bool = True):
+    def codes(self, name: str, unpack: bool = True, mapped: bool = False):
         """(codes uint8 [N, K], scale, offset or None, info dict); with unpack=False, 4-bit codes stay
-        two to a byte when the file holds them so (info["packed"] then says so)."""
+        two to a byte when the file holds them so (info["packed"] then says so); with mapped=True, a
+        cache file's tensors are views of a memory map (read only where used)."""
+        get = self.tensors.mapped if mapped and hasattr(self.tensors, "mapped") else self._get
         info = dict(self.meta[name])
-        codes = self._get(f"{name}.codes")
+        codes = get(f"{name}.codes")
         info["packed"] = info["bits"] == 4 and not info.get("unpacked") and not unpack
         if info["bits"] == 4 and not info.get("unpacked") and unpack:
-            codes = torch.stack([codes & 15, codes >> 4], -1).view(codes.shape[0], -1)
-        offset = self._get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
-        return codes, self._get(f"{name}.scale"), offset, info
+            codes = unpack_nibbles(codes)
+        offset = get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
+        return codes, get(f"{name}.scale"), offset, info
 
     def dequantize(self, name: str, rows: slice = slice(None)):
         """float32 [rows, K] of a codes tensor, as the gguf reference de-quantizer computes it."""
@@ -364,12 +368,7 @@ class Entries:
 
     def exact_rows(self, name: str) -> "ExactRows":
         """Rows of a codes tensor de-quantized on demand; from a cache file, without loading the rest."""
-        get = self.tensors.mapped if hasattr(self.tensors, "mapped") else self._get
-        codes, scale = get(f"{name}.codes"), get(f"{name}.scale")
-        offset = get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
-        info = dict(self.meta[name])
-        info["packed"] = info["bits"] == 4 and not info.get("unpacked")
-        return ExactRows(codes, scale, offset, info)
+        return ExactRows(*self.codes(name, unpack=False, mapped=True))
 
 
 class ExactRows:
@@ -382,8 +381,8 @@ class ExactRows:
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).cpu()
         codes = self.codes[flat]
-        if self.info["packed"]:  # two 4-bit codes a byte, low nibble first
-            codes = torch.stack([codes & 15, codes >> 4], -1).view(len(flat), -1)
+        if self.info["packed"]:
+            codes = unpack_nibbles(codes)
         offset = None if self.offset is None else self.offset[flat]
         w = dequantize_codes(codes, self.scale[flat], offset, self.info)
         return w.view(*ids.shape, -1).to(ids.device)

@@ -66,6 +66,17 @@ def quantize_int4(w: torch.Tensor, group: int = GROUP):
     return g.to(torch.uint8).reshape(n, k), scale, lo + 8 * scale
 
 
+def pack_nibbles(codes):
+    """4-bit codes [..., K] -> two a byte [..., K / 2], low nibble = even column (the codes cache's
+    layout; works on torch tensors and numpy arrays of uint8)."""
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of pack_nibbles."""
+    return torch.stack([packed & 15, packed >> 4], -1).flatten(-2)
+
+
 _LAYOUT_OK = None
 
 
@@ -267,7 +278,7 @@ class LowbitEmbedding(nn.Module):
         self.zero, self.group, self.padding_idx = zero, group, padding_idx
         self.nibbles = packed or int(codes.max()) < 16  # 4-bit codes: two to a byte
         if self.nibbles and not packed:
-            codes = codes[:, 0::2] | (codes[:, 1::2] << 4)
+            codes = pack_nibbles(codes)
         self.codes = nn.Parameter(codes.to(torch.uint8).contiguous(), requires_grad=False)
         self.register_buffer("scale", scale.float().contiguous())
         self.register_buffer("offset", None if offset is None else offset.float().contiguous())
@@ -279,7 +290,7 @@ class LowbitEmbedding(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         q = self.codes[ids]
         if self.nibbles:
-            q = torch.stack([q & 15, q >> 4], -1).flatten(-2)
+            q = unpack_nibbles(q)
         q = q.float() - self.zero
         q = q.view(*ids.shape, -1, self.group) * self.scale[ids][..., None]
         if self.offset is not None:
