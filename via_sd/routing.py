@@ -1,8 +1,9 @@
 """The slim verifier: the full verifier run with some sub-layers skipped (intra-model routing).
 
 A route names the skipped sub-layers as "attn.7" / "mlp.12". The slim verifier shares every
-weight with the full verifier (nothing is copied) and keeps its own KV cache, which only the
-attention sub-layers it runs ever fill. The first and last layers are never skipped.
+weight with the full verifier (nothing is copied); its KV cache is its own when it runs alone, and
+shared with the full verifier for the sub-layers before the route's first skip under progressive
+verification (`ProgressiveVerifier`). The first and last layers are never skipped.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -126,7 +128,13 @@ class SlimVerifier:
     Callable like a HF model: `slim(input_ids, past_key_values=cache).logits`. Sub-layer k is
     attention of layer k // 2 when k is even, its MLP when odd; `run` executes a range of them, so
     the slim and the full verifier can share the sub-layers before the first skipped one
-    (progressive verification, see `ProgressiveVerifier`).
+    (progressive verification, see `ProgressiveVerifier`), and route search can skip any set of them
+    and resume from a recorded state (route_search.teacher). This is the one forward of the slim, full
+    and progressive verifier: the engine, route search and scripts/gpu_check.py all run it.
+
+    Several GPUs / offloading (accelerate's device_map): every module is entered through its
+    accelerate hook, the decoder layer's included (which moves the hidden states, masks and rotary
+    tensors to the layer's device and brings offloaded weights in), so nothing assumes one device.
     """
 
     def __init__(self, verifier, route: Route):
@@ -152,10 +160,12 @@ class SlimVerifier:
         self._softcap = getattr(cfg, "final_logit_softcapping", None)
         self._rotary_per_type = cfg.model_type == "gemma3_text"
         self.skipped = [self.route.skipped("mlp" if k % 2 else "attn", k // 2) for k in range(2 * n)]
+        self.skip_set = frozenset(k for k, s in enumerate(self.skipped) if s)
 
     @property
     def device(self) -> torch.device:
-        return self.base.embed_tokens.weight.device
+        """Where input ids go (the embedding's execution device)."""
+        return _device_of(self.base.embed_tokens)
 
     @property
     def sublayers(self) -> int:
@@ -184,15 +194,24 @@ class SlimVerifier:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.base.embed_tokens(input_ids.to(self.device)) * self._embedding_scale
 
-    def run(self, h: torch.Tensor, start: int, cache, sublayers: range, skip: bool) -> torch.Tensor:
-        """Runs `sublayers` on hidden states h of positions start.. (skipping the route's sub-layers when
-        `skip`), with `cache` holding every attention sub-layer run here for the positions before start."""
-        ran = [k for k in sublayers if k % 2 == 0 and not (skip and self.skipped[k])]
-        if not ran:
-            return self._run(h, sublayers, skip, {})
+    def run(self, h: torch.Tensor, start: int, cache, sublayers: range, skip=True, record: list | None = None):
+        """Runs `sublayers` on hidden states h of positions start.. and returns the hidden states after them.
+
+        `skip`: True skips the route's sub-layers, False none, a set of sub-layer indices those (route
+        search). `cache` holds every attention sub-layer run here for the positions before start (None: no
+        cache, start 0). `record`, a list, receives the hidden states entering every sub-layer of the range."""
+        skipped = self.skip_set if skip is True else frozenset(skip or ())
+        ran = [k for k in sublayers if k % 2 == 0 and k not in skipped]
+        context = self._attention_inputs(h, start, cache, ran[0] // 2) if ran else {}
+        for i, group in groupby(sublayers, key=lambda k: k // 2):
+            h = self._layer(i, list(group), h, skipped, cache, context, record)
+        return h
+
+    def _attention_inputs(self, h, start: int, cache, layer_idx: int) -> dict:
+        """Masks, rotary embeddings and positions per layer type, made once per pass (on h's device)."""
         position_ids = torch.arange(start, start + h.shape[1], device=h.device).unsqueeze(0)
         mask_kwargs = dict(config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=cache,
-                           position_ids=position_ids, layer_idx=ran[0] // 2)  # every layer run holds `start` tokens
+                           position_ids=position_ids, layer_idx=layer_idx)  # every layer run holds `start` tokens
         masks = {"full_attention": create_causal_mask(**mask_kwargs)}
         if "sliding_attention" in self.layer_types:
             masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
@@ -200,23 +219,29 @@ class SlimVerifier:
             rotary = {t: self.base.rotary_emb(h, position_ids, t) for t in set(self.layer_types)}
         else:
             rotary = dict.fromkeys(set(self.layer_types), self.base.rotary_emb(h, position_ids))
-        attention = dict(masks=masks, rotary=rotary, position_ids=position_ids, cache=cache)
-        return self._run(h, sublayers, skip, attention)
+        return {kind: dict(attention_mask=masks[kind], position_embeddings=rotary[kind], position_ids=position_ids)
+                for kind in set(self.layer_types)}
 
-    def _run(self, h, sublayers: range, skip: bool, attention: dict) -> torch.Tensor:
+    def _layer(self, i: int, sublayers: list, h, skipped, cache, context: dict, record):
+        """Sub-layers of decoder layer i, entered once through the layer's accelerate hook when it has one."""
+        if all(k in skipped for k in sublayers):
+            if record is not None:
+                record.extend([h] * len(sublayers))
+            return h
+        layer, inputs = self.base.layers[i], context.get(self.layer_types[i], {})
+        hook = getattr(layer, "_hf_hook", None)
+        if hook is not None:  # accelerate: to the layer's device, offloaded weights brought in
+            (h,), inputs = hook.pre_forward(layer, h, **inputs)
+        else:
+            device = _device_of(layer.input_layernorm)
+            h, inputs = h.to(device), {k: _to(v, device) for k, v in inputs.items()}
         for k in sublayers:
-            if skip and self.skipped[k]:
+            if record is not None:
+                record.append(h)
+            if k in skipped:
                 continue
-            i, layer = k // 2, self.base.layers[k // 2]
-            h = h.to(layer.input_layernorm.weight.device)  # layers may sit on several GPUs (device_map)
-            kind = self.layer_types[i]
-            if k % 2 == 0:
-                h = self._attention(layer, h, attention_mask=attention["masks"][kind],
-                                    position_ids=attention["position_ids"], past_key_values=attention["cache"],
-                                    position_embeddings=tuple(t.to(h.device) for t in attention["rotary"][kind]))
-            else:
-                h = self._mlp(layer, h)
-        return h
+            h = self._attention(layer, h, past_key_values=cache, **inputs) if k % 2 == 0 else self._mlp(layer, h)
+        return hook.post_forward(layer, h) if hook is not None else h
 
     def _attention(self, layer, h, **kwargs):
         x, _ = layer.self_attn(hidden_states=layer.input_layernorm(h), **kwargs)
@@ -233,8 +258,8 @@ class SlimVerifier:
         """Final norm and output head (with the family's logit scaling / soft-capping)."""
         if logits_to_keep:
             h = h[:, -logits_to_keep:]
-        h = self.base.norm(h.to(self.base.norm.weight.device))
-        logits = self.lm_head(h.to(self.lm_head.weight.device))
+        h = self.base.norm(_to_module(self.base.norm, h))
+        logits = self.lm_head(_to_module(self.lm_head, h))
         if self._logits_scale != 1.0:
             logits = logits / self._logits_scale
         if self._softcap is not None:
@@ -246,6 +271,27 @@ class SlimVerifier:
         start = past_key_values.get_seq_length() if past_key_values is not None else 0
         h = self.run(self.embed(input_ids), start, past_key_values, range(self.sublayers), skip=True)
         return SimpleNamespace(logits=self.head(h, logits_to_keep), past_key_values=past_key_values)
+
+
+def _device_of(module) -> torch.device:
+    """Where `module` computes: its accelerate hook's execution device, else where its weights are."""
+    hook = getattr(module, "_hf_hook", None)
+    device = getattr(hook, "execution_device", None)
+    if device is not None:
+        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    return next(module.parameters()).device
+
+
+def _to(value, device):
+    """A tensor, a tuple of tensors or None, on `device`."""
+    if isinstance(value, tuple):
+        return tuple(t.to(device) for t in value)
+    return value.to(device) if value is not None else None
+
+
+def _to_module(module, h: torch.Tensor) -> torch.Tensor:
+    """h for `module`: its accelerate hook moves inputs itself; without one, h goes to its weights."""
+    return h if hasattr(module, "_hf_hook") else h.to(_device_of(module))
 
 
 def crop_cache(cache, length: int) -> None:

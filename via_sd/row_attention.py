@@ -5,10 +5,15 @@ logits k one-token steps give. With fp32 weights the differences a batch makes a
 moved an argmax in our runs; with low-bit weights the activations are rounded to bf16 on the way into
 every linear, which can turn such a difference into a different rounding and, at a near-tie, a
 different token (it did on one of five held-out prompts). The int4 and int8 kernels compute every
-row on its own, so attention is the one place where the batch matters: this module runs a pass that
-extends a KV cache one query row at a time, each through the same SDPA call, on the same keys and
-values, that a one-token step makes. Prompt prefill (nothing cached yet) and passes over more than
-`MAX_ROWS` tokens take the usual batched call.
+row on its own, so attention is the one place where the batch matters: this module runs every pass
+that extends a KV cache, of any length, one query row at a time, each through the same SDPA call, on
+the same keys, values and mask, that a one-token step at that position makes. Only the prompt read
+(nothing cached yet, nothing to match) takes the usual batched call.
+
+The mask comes from transformers' SDPA mask builder, registered under the same name (a name without
+a mask function gets no mask at all, which drops sliding windows and, for a batched call over a
+cache, crops the keys). A row's mask is the step's mask: the same mask function at the same query
+position over the same keys; a mask that lets every key through is passed as None on both paths.
 """
 
 from __future__ import annotations
@@ -16,35 +21,41 @@ from __future__ import annotations
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "via_sd_rows"
-MAX_ROWS = 64
 
 
 def _trivial(mask: torch.Tensor) -> bool:
-    """A mask that lets every key through (a one-token step passes None instead)."""
+    """A mask that lets every key through."""
     return bool(mask.all()) if mask.dtype == torch.bool else bool((mask == 0).all())
+
+
+def _row_mask(mask: torch.Tensor | None, row: int, seen: int) -> torch.Tensor | None:
+    """Query row `row`'s mask over the first `seen` keys, in one form for a pass and a step alike."""
+    if mask is None:
+        return None
+    mask = mask[:, :, row:row + 1, :seen]
+    return None if _trivial(mask) else mask.contiguous()
 
 
 def row_attention(module, query, key, value, attention_mask, **kwargs):
     """SDPA, one query row at a time when the pass extends a cache (see the module docstring)."""
     rows, keys = query.shape[2], key.shape[2]
     past = keys - rows
-    if rows == 1 or past == 0 or rows > MAX_ROWS:
+    if past == 0:  # the prompt read
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     outputs = []
     for i in range(rows):
-        seen = past + i + 1  # the keys a one-token step at this position would hold
-        mask = None if attention_mask is None else attention_mask[:, :, i:i + 1, :seen]
-        if mask is not None and _trivial(mask):
-            mask = None
-        out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :seen], value[:, :, :seen], mask,
-                                        **kwargs)
+        seen = past + i + 1  # the keys a one-token step at this position holds
+        out, _ = sdpa_attention_forward(module, query[:, :, i:i + 1], key[:, :, :seen], value[:, :, :seen],
+                                        _row_mask(attention_mask, i, seen), **kwargs)
         outputs.append(out)
-    return torch.cat(outputs, 1), None  # [batch, rows, heads, head_dim], as sdpa_attention_forward returns
+    return (outputs[0] if rows == 1 else torch.cat(outputs, 1)), None  # [batch, rows, heads, head_dim]
 
 
 AttentionInterface.register(NAME, row_attention)
+AttentionMaskInterface.register(NAME, sdpa_mask)  # causal and sliding-window masks as SDPA gets them
 
 
 def use_row_attention(model) -> bool:

@@ -32,6 +32,14 @@ def device_name(device) -> str:
     return f"cpu ({cpu}, {torch.get_num_threads()} threads)"
 
 
+def clock(device) -> float:
+    """perf_counter() once the GPU work queued so far is done, on every GPU (a verifier may span several)."""
+    if torch.device(device).type == "cuda":
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+    return time.perf_counter()
+
+
 def measure_cost(pair, route: Route, gamma: int = 5, kv_length: int = 256, repeats: int = 9) -> dict:
     """Time of a slim forward relative to a full one, for one token and a gamma+1-token verification step,
     both after a KV cache of `kv_length` tokens; paired, interleaved repeats, median of the per-repeat ratios."""
@@ -43,18 +51,12 @@ def measure_cost(pair, route: Route, gamma: int = 5, kv_length: int = 256, repea
     models = {"full": verifier, "slim": slim}
     caches = {who: DynamicCache() for who in models}
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     @torch.inference_mode()
     def step(who: str, tokens: int) -> float:
-        sync()
-        t0 = time.perf_counter()
+        t0 = clock(device)
         models[who](input_ids=ids[:, kv_length:kv_length + tokens], past_key_values=caches[who], use_cache=True,
                     logits_to_keep=tokens)
-        sync()
-        elapsed = time.perf_counter() - t0
+        elapsed = clock(device) - t0
         caches[who].crop(-tokens)
         return elapsed * 1000
 
@@ -94,14 +96,15 @@ def measure_escalation(slim: SlimVerifier, ids, kv_length: int, tokens: int, rep
     for name in ("slim", "full"):
         shared.view(name).logits(seq, kv_length, 1)
     times = {"scratch": [], "resumed": []}
+    device = slim.device
     for r in range(repeats + 1):  # the first is a warm-up
-        t0 = time.perf_counter()
+        t0 = clock(device)
         separate(ids[:, kv_length:kv_length + tokens], past_key_values=cache, logits_to_keep=tokens)
-        t1 = time.perf_counter()
+        t1 = clock(device)
         shared.view("slim").logits(seq, kv_length + tokens, tokens)
-        t2 = time.perf_counter()
+        t2 = clock(device)
         shared.view("full").logits(seq, kv_length + tokens, tokens)
-        t3 = time.perf_counter()
+        t3 = clock(device)
         cache.crop(-tokens)
         shared.rollback(kv_length)
         if r:

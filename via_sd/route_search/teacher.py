@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
-from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from ..routing import Route, SlimVerifier
 from .calibrate import Calibration
@@ -24,7 +23,10 @@ class Pass:
 
 
 class TeacherForced:
-    """The verifier run sub-layer by sub-layer over fixed texts, compared with its full self."""
+    """The verifier run sub-layer by sub-layer over fixed texts, compared with its full self.
+
+    Every pass is the slim verifier's own forward (`SlimVerifier.run`, the one the engine decodes with)
+    with the candidate's sub-layers skipped, so route search measures the network that will run."""
 
     def __init__(self, verifier, texts: Calibration):
         n = verifier.config.num_hidden_layers
@@ -32,52 +34,32 @@ class TeacherForced:
         self.num_layers, self.texts = n, texts
         self.inputs = [self._prepare(seq, start) for seq, start in zip(texts.sequences, texts.starts)]
         self.full_logp = None
-        self.full_logp = self._log_probs(frozenset(), 0, None, record=False)[0]
+        self.full_logp = self.log_probs(frozenset())
         self.full_p = self.full_logp.exp()
         self.full_top1 = self.full_logp.argmax(-1)
 
     @torch.inference_mode()
     def _prepare(self, seq: list[int], start: int) -> SimpleNamespace:
-        view = self.view
-        h = view.base.embed_tokens(torch.tensor([seq], device=view.device))
-        position_ids = torch.arange(len(seq), device=h.device).unsqueeze(0)
-        mask_kwargs = dict(config=view.config, inputs_embeds=h, attention_mask=None, past_key_values=None,
-                           position_ids=position_ids)
-        masks = {"full_attention": create_causal_mask(**mask_kwargs)}
-        if "sliding_attention" in view.layer_types:
-            masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+        h = self.view.embed(torch.tensor([seq]))
         # logits at position t predict token t+1: the scored tokens start..end are predicted from start-1..end-1
-        return SimpleNamespace(h=h, masks=masks, position_ids=position_ids,
-                               position_embeddings=view.base.rotary_emb(h, position_ids),
-                               scored=torch.arange(start - 1, len(seq) - 1, device=h.device))
+        return SimpleNamespace(h=h, scored=torch.arange(start - 1, len(seq) - 1))
 
-    def _sublayer(self, k: int, h: torch.Tensor, x: SimpleNamespace) -> torch.Tensor:
-        view, layer = self.view, self.view.base.layers[k // 2]
-        h = h.to(layer.input_layernorm.weight.device)  # layers may sit on several GPUs
-        if k % 2:
-            return view._mlp(layer, h)
-        return view._attention(layer, h, attention_mask=x.masks[view.layer_types[k // 2]],
-                               position_ids=x.position_ids, past_key_values=None,
-                               position_embeddings=tuple(t.to(h.device) for t in x.position_embeddings))
+    def log_probs(self, skip) -> torch.Tensor:
+        """Log-probabilities at every scored position with the sub-layers `skip` skipped, [tokens, V]."""
+        return self._log_probs(frozenset(skip), 0, None, record=False)[0]
 
     @torch.inference_mode()
     def _log_probs(self, skip: frozenset, start: int, base: Pass | None, record: bool):
         """Runs sub-layers start.. (skipping `skip`) from base's recorded state; log-probs at the scored positions."""
-        finals, states = [], []
+        view, finals, states = self.view, [], []
         for i, x in enumerate(self.inputs):
             h = base.states[i][start] if start else x.h
             seq_states = list(base.states[i][:start]) if record and start else []
-            for k in range(start, 2 * self.num_layers):
-                if record:
-                    seq_states.append(h)
-                if k in skip:
-                    continue
-                h = self._sublayer(k, h, x)
+            h = view.run(h, 0, None, range(start, 2 * self.num_layers), skip, seq_states if record else None)
             finals.append(h[0, x.scored.to(h.device)])
             states.append(seq_states)
-        head = self.view.lm_head
-        h = self.view.base.norm(torch.cat([f.to(self.view.base.norm.weight.device) for f in finals]))
-        logp = torch.log_softmax(head(h.to(head.weight.device)).float(), dim=-1)
+        logits = view.head(torch.cat([f.to(finals[0].device) for f in finals])[None])[0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
         if self.full_logp is not None:
             logp = logp.to(self.full_logp.device)
         return logp, (states if record else None)
