@@ -15,7 +15,11 @@ import plotly.graph_objects as go
 import pytest
 
 import app
+import studio.models
 import via_sd
+import viz
+from studio import lab, runs
+from studio.models import MODELS
 from via_sd import PRESETS
 from via_sd.provisional import provisional_route
 from viz.live import live_tokens_html, round_html
@@ -30,7 +34,7 @@ ARGS = dict(zip(NAMES, (PROMPT, "random", 4, 0.5, 0.3, "slim", 0.0, 24, 0, "defa
 
 
 def run(request=None, **named):
-    return app.run_compare(*{**ARGS, **named}.values(), request=request)
+    return runs.run_compare(*{**ARGS, **named}.values(), request=request)
 
 
 def states(pane: str) -> list[tuple[str, str, str]]:
@@ -67,21 +71,24 @@ def test_a_pending_chip_is_neutral_and_a_decided_one_has_its_label_color():
     html = round_html(cands, 3)
     assert 'data-state="pending"' in html and "&lt;b&gt;" in html and "<b>" not in html
     replaced = re.search(r'<span[^>]*data-decision="replaced"[^>]*>', html).group(0)
-    assert "line-through" in replaced and app.viz.CANDIDATE_COLORS["slim verifier: regenerated"] in replaced
+    assert "line-through" in replaced and viz.CANDIDATE_COLORS["slim verifier: regenerated"] in replaced
     assert "via-live-replacement" in html and ">\u00a0y<" in html, "the replacement stands beside the struck draft"
     assert live_tokens_html(None, cands, 3).startswith('<div class="via-sd-tokens"')
 
 
 def test_a_replaced_draft_names_the_token_that_replaced_it():
-    pair = app.get_pair("random")
-    config = app.make_config(4, 1.0, 1.0, "draft", 0.0, 40, 0)  # lossless: the full model decides everything
+    from studio.inputs import make_config
+    from via_sd.decoding import stream_events
+
+    pair = MODELS.pair("random")
+    config = make_config(4, 1.0, 1.0, "draft", 0.0, 40, 0)  # lossless: the full model decides everything
     checked = 0
-    events = list(app.stream_events(pair, PROMPT, "via", config))
+    events = list(stream_events(pair, PROMPT, "via", config))
     trace = events[-1].trace
     for event in events:
         if event.kind != "decided":
             continue
-        for c in app.with_replacements(event.candidates, pair, greedy=True):
+        for c in runs.with_replacements(event.candidates, pair, greedy=True):
             if c["decision"] == "replaced":
                 emitted = [t for t in trace.tokens if t["round"] == event.round]
                 assert c["replacement_text"] == emitted[c["pos"]]["text"] and emitted[c["pos"]]["outcome"] == "replaced"
@@ -96,7 +103,7 @@ def test_race_replay_plays_both_traces_to_the_end_in_recorded_time():
     end = race_end_ms({m: traces[m] for m in ("via", "sd")})
     speed = max(end / 1500, 0.05)  # about 1.5 s of replay
     start = time.perf_counter()
-    frames = list(app.race_replay(traces, speed))
+    frames = list(app.views.race_replay(traces, speed))
     took = time.perf_counter() - start
     assert len(frames) >= 5 and 'data-state="playing"' in frames[0]
     assert 0.8 * end / speed / 1000 <= took <= end / speed / 1000 + 3.0, "plays in recorded time / speed"
@@ -128,9 +135,9 @@ def test_race_replays_uploaded_traces(tmp_path):
         path = tmp_path / f"{m}.json"
         path.write_text(traces[m].to_json(), encoding="utf-8")
         files.append(str(path))
-    state = app.replay_upload(files)[5]
-    assert 'data-state="ready"' in app.race_ready(state)
-    final = list(app.race_replay(state, 50.0))[-1]
+    state = app.views.replay_upload(files)[5]
+    assert 'data-state="ready"' in app.views.race_ready(state)
+    final = list(app.views.race_replay(state, 50.0))[-1]
     assert final.count('data-state="finished"') == 2 and 'data-tokens="20" data-total="20"' in final
 
 
@@ -138,9 +145,9 @@ def test_race_replays_uploaded_traces(tmp_path):
 
 def test_presets_set_the_controls_and_custom_leaves_them():
     for name, th in via_sd.THRESHOLD_PRESETS.items():
-        assert app.apply_threshold_preset(name) == (th.accept, th.escalate, th.signal)
-    assert all(v == app.gr.skip() for v in app.apply_threshold_preset("custom"))
-    assert [v for _, v in app.threshold_preset_choices()] == [*via_sd.THRESHOLD_PRESETS, "custom"]
+        assert lab.apply_threshold_preset(name) == (th.accept, th.escalate, th.signal)
+    assert all(v == app.gr.skip() for v in lab.apply_threshold_preset("custom"))
+    assert [v for _, v in lab.threshold_preset_choices()] == [*via_sd.THRESHOLD_PRESETS, "custom"]
     paper = via_sd.THRESHOLD_PRESETS["paper"]
     assert (app.DEFAULTS["accept"], app.DEFAULTS["escalate"], app.DEFAULTS["signal"]) == \
         (paper.accept, paper.escalate, paper.signal)
@@ -148,7 +155,7 @@ def test_presets_set_the_controls_and_custom_leaves_them():
 
 def test_what_if_places_every_preset_on_the_recorded_run():
     traces = list(run())[-1][5]
-    fig = app.what_if_presets(traces, 0.7, 0.2, "slim")
+    fig = lab.what_if_presets(traces, 0.7, 0.2, "slim")
     assert isinstance(fig, go.Figure)
     points = {d.name: (d.x[0], d.y[0]) for d in fig.data if d.x is not None and len(d.x) == 1}
     assert set(via_sd.THRESHOLD_PRESETS) | {"sliders"} <= set(points)
@@ -164,24 +171,25 @@ def test_a_release_supersedes_this_sessions_run_only():
     run_b = run(request=b, max_new_tokens=24, pace=2)
     for _ in range(4):
         next(run_a), next(run_b)
-    ticket, _ = app.request_rerun(True, a)  # session a released a slider with "re-run on release" ticked
-    assert isinstance(ticket, int) and app.request_rerun(False, a) == (app.gr.skip(), app.gr.skip())
+    ticket, _ = runs.request_rerun(True, a)  # session a released a slider with "re-run on release" ticked
+    assert isinstance(ticket, int) and runs.request_rerun(False, a) == (app.gr.skip(), app.gr.skip())
     last_a = list(run_a)[-1]
     last_b = list(run_b)[-1]
-    assert 'data-kind="stop"' in last_a[4] and "slider was released" in last_a[4]
+    assert 'data-kind="stop"' in last_a[4] and "newer run" in last_a[4]
     assert len(last_a[5]["via"].tokens) < 256 and "sd" not in last_a[5]
     assert 'data-kind="ok"' in last_b[4] and len(last_b[5]["sd"].tokens) == 24, "session b ran to the end"
-    stale = list(app.rerun_on_release(True, *ARGS.values(), ticket - 1, request=a))
+    newer, _ = runs.request_rerun(True, a)  # a second release while the first still waits in the queue
+    stale = list(runs.rerun_on_release(True, *ARGS.values(), ticket, request=a))
     assert len(stale) == 1 and all(v == app.gr.skip() for v in stale[0]), "an older queued release never runs"
-    fresh = list(app.rerun_on_release(True, *ARGS.values(), ticket, request=a))
+    fresh = list(runs.rerun_on_release(True, *ARGS.values(), newer, request=a))
     assert 'data-kind="ok"' in fresh[-1][4]
 
 
 # ---- background loading --------------------------------------------------------------------------
 
 def test_a_run_during_the_background_load_waits_with_progress(monkeypatch):
-    app.free_pairs()
-    real = app.load_pair
+    MODELS.free()
+    real = studio.models.load_pair
     gate = threading.Event()
 
     def slow_load(preset, progress=None, **kw):
@@ -190,15 +198,26 @@ def test_a_run_during_the_background_load_waits_with_progress(monkeypatch):
             gate.wait(0.3)
         return real(preset, progress=progress, **kw)
 
-    monkeypatch.setattr(app, "load_pair", slow_load)
-    app.preload("random")
+    monkeypatch.setattr(studio.models, "load_pair", slow_load)
+    MODELS.preload("random")
     time.sleep(0.5)
-    assert '<progress value="0.' in app.pair_status("random") and "step" in app.pair_status("random")
+    assert '<progress value="0.' in MODELS.status("random") and "step" in MODELS.status("random")
     seen = []
-    pair = app.wait_for_pair("random", progress=lambda f, desc="": seen.append((f, desc)))
-    assert pair is app._pairs["random"]
+    pair = MODELS.wait("random", progress=lambda f, desc="": seen.append((f, desc)))
+    assert pair is MODELS.loaded("random")
     assert seen and all("waiting for random" in d for _, d in seen), "the run's progress bar follows the load"
-    assert "float32" in app.pair_status("random")
+    assert "float32" in MODELS.status("random")
+
+
+def test_the_warm_up_is_a_gpu_call_made_once_per_pair(monkeypatch):
+    calls = []
+    monkeypatch.setattr(studio.models, "warm_up", lambda pair: calls.append(pair))
+    MODELS.free()
+    pair = MODELS.pair("random", warm=False)  # as on ZeroGPU: loaded in the background, not warmed there
+    assert calls == []
+    list(run())  # the first run warms up inside its own (GPU) call
+    list(run())
+    assert calls == [pair]
 
 
 # ---- hub presets: a provisional route at once, a better one on request ----------------------------
@@ -206,24 +225,25 @@ def test_a_run_during_the_background_load_waits_with_progress(monkeypatch):
 def test_a_preset_without_a_route_starts_provisional_and_searches_a_better_one(monkeypatch, tmp_path):
     monkeypatch.setenv("VIA_SD_CACHE", str(tmp_path))
     monkeypatch.setitem(PRESETS, "random-unrouted", {**PRESETS["random"], "route": None})
-    real = app.load_pair
+    real = studio.models.load_pair
 
     def load_like_a_hub_preset(preset, **kw):  # load_pair gives hub presets without a route the provisional
         pair = real(preset, **kw)                 # rule; its random: shortcut skips that step, so do it here
         pair.set_route(provisional_route(pair.verifier.config.num_hidden_layers))
         return pair
 
-    monkeypatch.setattr(app, "load_pair", load_like_a_hub_preset)
+    monkeypatch.setattr(studio.models, "load_pair", load_like_a_hub_preset)
     try:
-        app.get_pair("random-unrouted")
-        assert "provisional" in app.pair_status("random-unrouted")
-        assert app.route_search_row("random-unrouted").visible is True
-        pair = app._pairs["random-unrouted"]
-        app.apply_route(pair, "random-unrouted", "default")
-        assert pair.route.meta.get("provisional"), "the preset default keeps the route picked at load"
-        device, status, row = app.search_better_route("random-unrouted", progress=lambda *a, **k: None)
-        assert 'data-kind="ok"' in status and "searched" in status, status
-        assert not pair.route.meta.get("provisional") and row.visible is False
+        shared = MODELS.pair("random-unrouted")
+        assert "provisional" in MODELS.status("random-unrouted")
+        assert lab.route_search_row("random-unrouted").visible is True
+        view = MODELS.view(shared, "random-unrouted", "default")
+        assert view.route.meta.get("provisional"), "the preset default keeps the route picked at load"
+        device, status, row = lab.search_better_route("random-unrouted", progress=lambda *a, **k: None)
+        assert 'data-kind="ok"' in status and "searched" in status.lower(), status
+        assert not MODELS.default_route("random-unrouted").meta.get("provisional") and row.visible is False
+        assert shared.route.meta.get("provisional"), "the shared pair itself never changes"
+        assert not MODELS.view(shared, "random-unrouted", "default").route.meta.get("provisional")
         assert list(tmp_path.rglob("*.json")), "the searched route is cached"
     finally:
-        app.free_pairs()
+        MODELS.free()

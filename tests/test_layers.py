@@ -1,7 +1,8 @@
 """One-way layers: core <- tools <- the package's API <- faces, read from the imports in the source (ast).
 
 core: the method (tiers, trace, routing, models, decoding, ...); tools: route search, benchmark,
-fidelity; api: via_sd/__init__.py, which re-exports both; faces: the command line, app.py, viz.
+fidelity; api: via_sd/__init__.py, which re-exports both; faces: the command line, app.py, the app's
+runtime (studio/) and viz.
 Importing a module also runs its packages' __init__ first; that implicit step is not an edge here.
 """
 
@@ -15,13 +16,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RANKS = {"core": 0, "tools": 1, "api": 2, "faces": 3}
 TOOLS = ("via_sd.bench", "via_sd.route_search", "via_sd.fidelity")
-FACES = ("via_sd.cli", "via_sd.__main__", "viz", "app")
+FACES = ("via_sd.cli", "via_sd.__main__", "viz", "studio", "app")
 MODEL_CODE = {"torch", "transformers", "accelerate", "safetensors", "tokenizers", "gguf"}
 
 
 def module_files() -> dict[str, Path]:
     files = {"app": ROOT / "app.py"}
-    for package in ("via_sd", "viz"):
+    for package in ("via_sd", "viz", "studio"):
         for path in sorted((ROOT / package).rglob("*.py")):
             parts = path.relative_to(ROOT).with_suffix("").parts
             files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -56,7 +57,7 @@ def imports(module: str) -> set[str]:
                 source = f"{base}.{node.module}" if node.module else base
             else:
                 source = node.module
-            if source not in FILES and source.split(".")[0] not in ("via_sd", "viz", "app"):
+            if source not in FILES and source.split(".")[0] not in ("via_sd", "viz", "studio", "app"):
                 found.add(source.split(".")[0])
                 continue
             for alias in node.names:  # `from pkg import submodule` imports the submodule, not the package's API
@@ -123,6 +124,12 @@ def test_loading_a_model_does_not_pull_in_route_search_or_any_tool():
     assert not [m for m in reachable("via_sd.models", "via_sd.decoding") if layer(m) != "core"]
 
 
+def test_the_app_and_its_runtime_are_covered():
+    assert {"app", "studio", "studio.models", "studio.sessions", "studio.runs", "viz.page", "viz.costs"} <= set(FILES)
+    assert layer("studio.runs") == layer("app") == "faces"
+    assert "studio.runs" in project_imports("app") and "viz.page" in project_imports("studio.runs")
+
+
 def test_viz_imports_no_model_code():
     for module in (m for m in FILES if m == "viz" or m.startswith("viz.")):
         reached = reachable(module)
@@ -145,7 +152,7 @@ def test_every_module_says_what_it_is_for():
 
 def test_tool_and_face_modules_fit_in_a_head():
     for module, path in FILES.items():
-        if module.startswith(("via_sd.bench", "via_sd.route_search", "via_sd.cli")):
+        if module == "app" or module.startswith(("via_sd.bench", "via_sd.route_search", "via_sd.cli", "viz", "studio")):
             lines = len(path.read_text(encoding="utf-8").splitlines())
             assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
 

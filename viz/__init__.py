@@ -10,15 +10,14 @@ only to turn a dict / JSON into a Trace. Every function takes a `via_sd.Trace` (
     est = what_if(trace, Thresholds(accept=0.8, escalate=0.3))   # est["estimate"] is True
 """
 
+from .bench_figures import frontier_figure, speedup_figure
+from .figstyle import trace_names
 from .figures import (
     acceptance_by_position,
     acceptance_by_position_figure,
     confidence_figure,
-    frontier_figure,
     latency_figure,
-    speedup_figure,
     tier_mix_figure,
-    trace_names,
 )
 from .palette import (
     CANDIDATE_COLORS,

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from . import palette as P
 from ._trace import as_trace, is_number, thresholds_dict
-from .figures import _empty, _style
+from .figstyle import _empty, _style
 from .what_if import ESTIMATE_LABEL, what_if
 
 PRESET_COLORS = {"paper": P.OKABE_ITO["sky_blue"], "fastest": P.OKABE_ITO["bluish_green"],

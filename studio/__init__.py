@@ -1,0 +1,13 @@
+"""The app's runtime, beside `app.py` (which holds only the page's layout and wiring).
+
+    models     the loaded pair (one at a time, shared): load, background preload, warm-up, status,
+               and per-run views of the pair with the route that run asked for
+    sessions   one cancellation scheme per visitor: tickets for runs, sweeps and route searches
+    inputs     settings from the page, checked, as engine objects (or a UserError to show)
+    runs       Run: VIA-SD, plain SD and AR streamed; fidelity afterwards
+    views      what follows a run or an upload: figures, trace table and files, learn view, race
+    lab        the threshold lab (what-if estimate, measured sweep) and the route search
+    costs      "Why this speed" and "Where it would pay" (the engine's cost model, drawn by viz)
+    downloads  this process's temp folder for download files, one sub-folder per session
+    gpu        the ZeroGPU window (`spaces.GPU`) and how long a run may hold it
+"""

@@ -1,0 +1,203 @@
+""""Why this speed" and "Where it would pay": the engine's cost model (`via_sd.costs`) applied to the
+session's last run, drawn by `viz.costs`. Nothing here prices anything itself: the profile comes
+with the trace (measured on this machine by the engine), and every prediction is `via_sd.costs`'s.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import gradio as gr
+
+import viz.costs as draw
+
+try:  # the engine's cost model (pure Python)
+    from via_sd import costs as model
+    from via_sd.costs import GPU_CARDS, CostProfile, Rates
+except ImportError:  # an engine without one: the panel says so
+    model, GPU_CARDS = None, {}
+
+from .models import MODELS
+from .runs import is_current, runs_of
+
+MEASURED = "measured"
+DEFAULT_C, DEFAULT_S = 0.42, 0.87  # the sliders' values before a run (the embedded pair on 2 cores, COSTS.md)
+DEVICE_WORDS = {"cpu": "CPU", "cuda": "GPU", "mps": "Apple GPU"}
+
+
+def profile_choices() -> list[tuple[str, str]]:
+    return [("this machine (measured)", MEASURED)] + [(f"{card} GPU roofline", card) for card in GPU_CARDS]
+
+
+def measured_profile(traces: dict) -> "CostProfile | None":
+    """The cost profile the engine recorded with the run (None for a trace made without one)."""
+    if model is None:
+        return None
+    for trace in runs_of(traces).values():
+        d = getattr(trace, "costs", None)
+        if d:
+            try:
+                return CostProfile.from_dict(d)
+            except ValueError:
+                continue
+    return None
+
+
+def acceptance(trace) -> float | None:
+    """Per-draft acceptance, as a round sees it: drafts kept before the first rejection over those plus
+    the rejections (discarded drafts after a rejection were never tried)."""
+    kept = tried = 0
+    for rnd in trace.rounds if trace is not None else []:
+        decisions = [c.get("decision") for c in rnd.get("candidates", [])]
+        k = sum(d in ("kept", "accepted") for d in decisions)
+        kept, tried = kept + k, tried + k + ("replaced" in decisions)
+    return kept / tried if tried else None
+
+
+def round_gamma(trace) -> int | None:
+    gammas = [r["gamma"] for r in (trace.rounds if trace else []) if isinstance(r.get("gamma"), int)]
+    if gammas:
+        return int(statistics.median(gammas))
+    g = (getattr(trace, "config", None) or {}).get("gamma")
+    return g if isinstance(g, int) else None
+
+
+def _measured_speedups(runs: dict) -> dict:
+    tps = {m: (t.summary or {}).get("tokens_per_s") for m, t in runs.items()}
+    out = {}
+    for a, b in (("via", "ar"), ("sd", "ar"), ("via", "sd")):
+        if tps.get(a) and tps.get(b):
+            out[f"{a}_vs_{b}"] = tps[a] / tps[b]
+    return out
+
+
+def device_word(runs: dict) -> str:
+    dev = str(next((getattr(t, "device", "") for t in runs.values()), "")).split(":")[0]
+    return DEVICE_WORDS.get(dev, dev or "machine")
+
+
+def panel_info(traces: dict) -> dict | None:
+    """The numbers of the "Why this speed" panel (None without a recorded profile)."""
+    runs, profile = runs_of(traces), measured_profile(traces)
+    if profile is None:
+        return None
+    sd, via = runs.get("sd"), runs.get("via")
+    g = round_gamma(sd or via) or 1
+    alpha = acceptance(sd) if sd is not None else acceptance(via)
+    info = {"device": device_word(runs), "source": profile.source, "gamma": g, "alpha": alpha, "c": profile.c,
+            "s": profile.s(g + 1), "V": profile.V(g + 1), "measured": _measured_speedups(runs)}
+    if alpha is not None:
+        info["E"] = model.expected_emitted(alpha, g)
+        info["ceiling"] = model.ceiling(profile, alpha, g)
+        info["best_gamma"] = model.best_gamma(profile, "sd", Rates(kept=100 * alpha, trials=100))
+    info["predicted"] = model.predict(profile, runs)["speedup"]
+    if via is not None:
+        n = max(len(via.tokens), 1)
+        counts = (via.summary or {}).get("tier_counts") or {}
+        info["tiers"] = {t: counts.get(t, 0) / n for t in ("draft", "slim", "full")}
+        info["full_calls"], info["rounds"] = (via.summary or {}).get("full_calls", 0), len(via.rounds)
+    info["sentences"] = sentences(info)
+    return info
+
+
+def sentences(info: dict) -> list[str]:
+    g, V, dev = info["gamma"], info["V"], info["device"]
+    out = [f"Checking {g} drafts (one pass over {g + 1} tokens) costs {V:.1f} one-token passes on this {dev} "
+           f"(on a GPU it costs about 1)"
+           + (f", so at this acceptance ({info['alpha']:.2f}) rounds of {info['best_gamma']} "
+              f"draft{'s' if info['best_gamma'] != 1 else ''} pay best here."
+              if info.get("best_gamma") else ".")]
+    if "tiers" in info:
+        out.append(f"A drafter step costs {info['c']:.2f} of a verifier pass and a slim pass {info['s']:.2f} of a "
+                   f"full one, so VIA-SD gains over SD only where it skips the full model: it called it in "
+                   f"{info['full_calls']} of {info['rounds']} rounds.")
+    return out
+
+
+def panel_after_run(traces: dict, theme: str = "light", request: gr.Request = None):
+    """The "Why this speed" panel and its cost curve. Returns (panel HTML, figure)."""
+    if not is_current(traces, request):
+        return gr.skip(), gr.skip()
+    return panel(traces), curve(traces, theme)
+
+
+def panel(traces: dict) -> str:
+    if not runs_of(traces):
+        return draw.EMPTY
+    info = panel_info(traces)
+    if info is None:
+        return draw.cost_message_html("This trace carries no cost profile (it was recorded by an engine without "
+                                      "one), so there is nothing to explain it with.")
+    return draw.cost_panel_html(info)
+
+
+def curve(traces: dict, theme: str = "light"):
+    runs, profile = runs_of(traces), measured_profile(traces)
+    if profile is None:
+        return None
+    ks = list(range(1, len(profile.verify_ms) + 1))
+    return draw.cost_curve_figure(ks, [profile.V(k) for k in ks], [profile.s(k) for k in ks], profile.c,
+                                  round_gamma(runs.get("sd") or runs.get("via")), f"this {device_word(runs)}",
+                                  theme if theme in ("light", "dark") else "light")
+
+
+# ---- where it would pay: a projection -----------------------------------------------------------
+
+def _weight_bytes(config, per: int = 2) -> tuple[int, dict]:
+    """A decoder's weight bytes at `per` bytes a weight (bf16 on a GPU), and each sub-layer's."""
+    h, n = config.hidden_size, config.num_hidden_layers
+    heads = config.num_attention_heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    hd = getattr(config, "head_dim", None) or h // heads
+    attn, mlp = per * (2 * h * heads * hd + 2 * h * kv * hd), per * 3 * h * config.intermediate_size
+    embed = per * config.vocab_size * h * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    return n * (attn + mlp) + embed, {"attn": attn, "mlp": mlp}
+
+
+def base_profile(traces: dict, name: str) -> "tuple[CostProfile | None, str]":
+    """(profile, label) of a named profile: this machine's measured one, or a card's roofline built from the
+    loaded pair's weight bytes (bf16) and its slim route."""
+    measured = measured_profile(traces)
+    if name not in GPU_CARDS:
+        return measured, f"this {device_word(runs_of(traces))}, as measured"
+    pair = MODELS.loaded((traces or {}).get("preset"))
+    if pair is None:
+        return None, f"{name} roofline (needs the loaded pair's sizes)"
+    d_bytes, _ = _weight_bytes(pair.drafter.config)
+    v_bytes, sub = _weight_bytes(pair.verifier.config)
+    route = MODELS.default_route(traces["preset"]) or pair.route
+    skipped = sum(sub[s.split(".")[0]] for s in route.skip if s.split(".")[0] in sub)
+    layers = (pair.drafter.config.num_hidden_layers, pair.verifier.config.num_hidden_layers)
+    return model.roofline(name, d_bytes, v_bytes, 1 - skipped / v_bytes, layers=layers), f"an {name} GPU (roofline)"
+
+
+def profile_controls(traces: dict, name: str = MEASURED, request: gr.Request = None):
+    """The projection's sliders set to a profile's own shape: (flatness 0, c, s)."""
+    if not is_current(traces, request):
+        return gr.skip(), gr.skip(), gr.skip()
+    profile, _ = base_profile(traces, name)
+    if profile is None:
+        return gr.skip(), gr.skip(), gr.skip()
+    g = round_gamma(runs_of(traces).get("sd")) or 1
+    return 0.0, round(min(max(profile.c, 0.01), 1.0), 2), round(min(max(profile.s(g + 1), 0.1), 1.0), 2)
+
+
+def projection(traces: dict, name: str = MEASURED, flatness=0.0, c=None, s=None) -> str:
+    """This run's recorded rounds re-priced under the chosen profile, re-shaped by the sliders."""
+    runs = runs_of(traces)
+    if not runs:
+        return draw.PROJECTION_EMPTY
+    base, label = base_profile(traces, name)
+    if base is None:
+        return draw.cost_message_html(f"No cost profile for {label}: the projection needs a run recorded with one.")
+    num = lambda x: float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None  # noqa: E731
+    profile = model.scaled(base, flatness=num(flatness) or 0.0, c=num(c), s=num(s))
+    predicted = model.predict(profile, runs)
+    g = round_gamma(runs.get("sd") or runs.get("via")) or 1
+    sp = predicted["speedup"]
+    sentence = (f"On {label}, checking {g} drafts would cost {profile.V(g + 1):.2f} one-token passes (projection)"
+                + (f", and this run's rounds would make VIA-SD {sp['via_vs_ar']:.2f}× as fast as AR (projection)."
+                   if sp.get("via_vs_ar") else "."))
+    return draw.projection_html({"label": label, "tokens_per_s": {m: v for m, v in predicted["tokens_per_s"].items()
+                                                                 if v}, "speedup": sp, "V": profile.V(g + 1),
+                                 "c": profile.c, "s": profile.s(g + 1), "sentence": sentence})

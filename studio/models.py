@@ -1,0 +1,258 @@
+"""The loaded model pair: one at a time, shared by every session, owned by `MODELS`.
+
+`Models` is the only owner of the loaded pair, the route picked for it, its load progress and its
+warm-up; its lock guards them. The pair itself is never changed once published: a run asks for
+`view(preset, route)`, a shallow copy of the pair whose slim verifier follows the route that run asked
+for (weights shared), so two sessions with different routes never see each other's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import viz.page as page
+from via_sd import PRESETS, DecodeConfig, ModelLoadError, Thresholds, generate, load_pair
+from via_sd.route_search import pick_route
+from via_sd.routing import SlimVerifier, resolve_route, shipped_routes
+
+from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
+from .inputs import UserError
+
+log = logging.getLogger("via_sd.app")
+DEFAULT_PRESET = os.environ.get("VIA_SD_PRESET", "embedded")
+LOCK_REASON = ("fixed on this shared deployment: every visitor uses the one loaded model, so switching would "
+               "unload it for all of them (run the app on your own machine to switch)")
+PRESET_SHORT = {"embedded": "Qwen2.5-Coder 0.5B → 1.5B, offline", "gpu": "Qwen2.5 0.5B → 7B, GPU",
+                "cpu": "Qwen2.5-Coder 0.5B → 1.5B, hub", "tiny": "SmolLM2 135M → 360M, hub",
+                "random": "tiny random pair, instant, gibberish"}
+
+
+def _truthy(name: str) -> bool:
+    return os.environ.get(name, "").lower() in ("1", "true", "yes", "on")
+
+
+def _is_hub_id(source: str) -> bool:
+    """"org/name" is a hub id; embedded:/random: sources, .gguf files and local folders are not."""
+    return (not source.startswith(("embedded:", "random:", "/", ".", "~")) and not source.endswith(".gguf")
+            and source.count("/") == 1 and not Path(source).exists())
+
+
+def _hub_cached(repo: str) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+        return isinstance(try_to_load_from_cache(repo, "config.json"), str)
+    except Exception:  # an old huggingface_hub or a broken cache: treat as not cached
+        return False
+
+
+def needs_hub(preset: str) -> bool:
+    spec = PRESETS.get(preset, {})
+    return any(_is_hub_id(str(spec.get(k, ""))) for k in ("drafter", "verifier"))
+
+
+def preset_available(preset: str) -> tuple[bool, str]:
+    """(can it load here?, why not). Hub presets need the hub or a local copy of both models."""
+    if preset not in PRESETS:
+        return False, f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}"
+    if needs_hub(preset) and _truthy("HF_HUB_OFFLINE"):
+        spec = PRESETS[preset]
+        missing = [r for r in (spec["drafter"], spec["verifier"]) if _is_hub_id(r) and not _hub_cached(r)]
+        if missing:
+            return False, (f"preset {preset!r} downloads {', '.join(missing)} from the Hugging Face hub, "
+                           "which is switched off here (HF_HUB_OFFLINE=1). Pick 'embedded' (offline, real "
+                           "weights) or 'random' (instant, gibberish), or run where the hub is reachable.")
+    return True, ""
+
+
+def preset_locked() -> bool:
+    """On a Hugging Face Space (SPACE_ID set) or with VIA_SD_LOCK_PRESET=1, nobody may switch the preset."""
+    return bool(os.environ.get("SPACE_ID")) or _truthy("VIA_SD_LOCK_PRESET")
+
+
+def preset_choices() -> list[tuple[str, str]]:
+    choices = []
+    for name, spec in PRESETS.items():
+        label = f"{name} — {PRESET_SHORT.get(name, spec['about'])}"
+        if needs_hub(name) and not preset_available(name)[0]:
+            label += " [needs the hub]"
+        choices.append((label, name))
+    return choices
+
+
+def route_choices() -> list[tuple[str, str]]:
+    return [("preset default", "default"), ("none (slim = full)", "none")] + [(n, n) for n in shipped_routes()]
+
+
+@gpu(duration=WARM_UP_S)
+def warm_up(pair) -> None:
+    """Two tokens of SD and VIA-SD, so the first real Run does not pay the one-time costs of a model's first
+    forward passes (embedded pair on CPU: first round 9.2 s cold, 5.5 s warm). A GPU call on ZeroGPU."""
+    config = DecodeConfig(gamma=2, max_new_tokens=2, thresholds=Thresholds(accept=0.5, escalate=0.1, signal="slim"))
+    for method in ("sd", "via"):
+        generate(pair, "Hello", method, config)
+
+
+class Models:
+    """The loaded pair and everything about it. `_load` is held for a whole load (one at a time);
+    `_lock` guards the fields, briefly."""
+
+    def __init__(self, served: str = DEFAULT_PRESET):
+        self._load, self._lock = threading.Lock(), threading.Lock()
+        self._pairs: dict = {}  # preset -> ModelPair; at most one entry, so switching frees the old pair
+        self._routes: dict = {}  # preset -> the Route picked at load (or searched later), for "preset default"
+        self._slims: dict = {}  # (preset, route name) -> SlimVerifier: per-run views reuse them
+        self._warm: set = set()  # ids of pairs that ran their warm-up
+        self._state = {"preset": None, "error": None, "message": "", "fraction": 0.0}
+        self.served = served  # the preset the page was built for
+
+    # ---- reading ----
+    def loaded(self, preset: str):
+        with self._lock:
+            return self._pairs.get(preset)
+
+    def loading(self, preset: str | None = None) -> bool:
+        with self._lock:
+            return self._state["preset"] is not None and preset in (None, self._state["preset"])
+
+    def status(self, preset: str) -> str:
+        """One line next to the preset: device, dtype, models and route, or what is happening."""
+        pair = self.loaded(preset)
+        with self._lock:
+            state, route = dict(self._state), self._routes.get(preset)
+        if pair is not None:
+            route = route or pair.route
+            return page.pair_line(pair.device.type, str(pair.dtype).replace("torch.", ""), pair.weights,
+                                  pair.drafter_name, pair.verifier_name, route.name, len(route.skip),
+                                  route.skip_fraction, bool(route.meta.get("provisional")))
+        if state["preset"] == preset:
+            return page.loading_html(preset, state["fraction"], state["message"])
+        ok, why = preset_available(preset)
+        if not ok:
+            return page.warning_line(why)
+        if state["error"] and preset in state["error"]:
+            return page.warning_line(state["error"])
+        return page.idle_line("cuda" if torch.cuda.is_available() else "cpu", PRESETS[preset]["about"])
+
+    def default_route(self, preset: str):
+        with self._lock:
+            return self._routes.get(preset)
+
+    # ---- loading ----
+    def check_preset(self, preset: str) -> None:
+        if preset_locked() and preset != self.served:
+            raise UserError(f"The model preset is {LOCK_REASON}. This page serves {self.served!r}.")
+        ok, why = preset_available(preset)
+        if not ok:
+            raise UserError(why)
+
+    def _report(self, **fields) -> None:
+        with self._lock:
+            self._state.update(fields)
+
+    def pair(self, preset: str, progress=None, warm: bool = not ON_ZERO_GPU):
+        """The loaded pair of `preset`, loading it (and freeing any other) on first use. On ZeroGPU the
+        warm-up waits for the first run's GPU call (`ensure_warm`)."""
+        self.check_preset(preset)
+        with self._load:
+            if (pair := self.loaded(preset)) is not None:
+                return pair
+            self.free()
+            self._report(preset=preset, error=None)
+
+            def report(message: str, fraction: float) -> None:
+                self._report(message=message, fraction=max(0.0, min(float(fraction), 1.0)))
+                if progress is not None:
+                    progress(fraction, desc=f"{preset}: {message}")
+
+            try:
+                pair = load_pair(preset, progress=report)
+                pick_route(pair, progress=report)  # a shipped or cached route, else the provisional rule
+                if warm:
+                    report("warming up", 1.0)
+                    self.ensure_warm(pair)
+                with self._lock:
+                    self._routes[preset] = pair.route
+                    self._pairs[preset] = pair
+            except (ModelLoadError, ValueError, OSError) as err:
+                self._report(error=f"could not load preset {preset!r}: {err}")
+                raise UserError(self._state["error"]) from err
+            finally:
+                self._report(preset=None)
+            return pair
+
+    def ensure_warm(self, pair) -> None:
+        """The warm-up, once per pair (call it inside a GPU call on ZeroGPU)."""
+        if id(pair) not in self._warm:
+            warm_up(pair)
+            self._warm.add(id(pair))
+
+    def preload(self, preset: str) -> None:
+        """Load the startup preset in the background so the page is usable at once."""
+        def work():
+            try:
+                self.pair(preset)
+            except Exception as err:  # shown by `status`; the first Run tries again
+                log.warning("background load of %s failed: %s", preset, err)
+                self._report(preset=None)
+
+        self._report(preset=preset, message="starting", fraction=0.0)  # the page shows "loading" at once
+        threading.Thread(target=work, name=f"preload-{preset}", daemon=True).start()
+
+    def wait(self, preset: str, progress=None):
+        """The pair of `preset`; while a background load of it runs, its progress shows in this run's bar."""
+        while self.loading(preset) and self.loaded(preset) is None:
+            if progress is not None:
+                with self._lock:
+                    f, m = self._state["fraction"], self._state["message"]
+                progress(f, desc=f"waiting for {preset}: {m or 'loading'}")
+            time.sleep(0.25)
+        return self.pair(preset, progress)
+
+    def free(self) -> None:
+        """Drop every loaded pair and give its memory back (GPU memory too)."""
+        with self._lock:
+            self._pairs.clear()
+            self._slims.clear()
+            self._warm.clear()
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # ---- routes ----
+    def view(self, pair, preset: str, route: str | None):
+        """`pair` with the slim verifier of `route` ("default": the preset's, or the one picked at load):
+        always a shallow copy, so the shared pair never changes."""
+        wanted = route if route not in (None, "", "default") else PRESETS[preset]["route"] or self.default_route(preset)
+        try:
+            chosen = resolve_route(wanted or "none", pair.verifier.config.num_hidden_layers)
+        except (ValueError, OSError) as err:
+            raise UserError(f"route {getattr(wanted, 'name', wanted)!r} does not fit this verifier: {err}") from err
+        if chosen.name == pair.route.name and chosen.skip == pair.route.skip:
+            return dataclasses.replace(pair)  # a sweep sets its own routes on its copy
+        key = (preset, chosen.name, chosen.skip)
+        with self._lock:
+            slim = self._slims.get(key)
+        if slim is None or slim.verifier is not pair.verifier:
+            try:
+                slim = SlimVerifier(pair.verifier, chosen)
+            except (ValueError, OSError) as err:
+                raise UserError(f"route {chosen.name!r} does not fit this verifier: {err}") from err
+            with self._lock:
+                self._slims[key] = slim
+        return dataclasses.replace(pair, slim=slim)
+
+    def set_default_route(self, preset: str, route) -> None:
+        """A route searched for the loaded pair becomes its "preset default" (the pair stays as it is)."""
+        with self._lock:
+            self._routes[preset] = route
+
+
+MODELS = Models()

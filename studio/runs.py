@@ -1,0 +1,183 @@
+"""Run: VIA-SD, then plain SD, then AR on the same prompt, each pane streamed as its tokens are decided.
+
+The three run one after another, so their timings are comparable on a machine with few cores. A run
+works on its own view of the shared pair (the route it asked for) and stops between rounds when its
+session's ticket says so (`studio.sessions`). Fidelity is measured after the run says Done, as a
+step of its own that a newer run of the session skips, so nothing a finished run still computes
+delays the next one.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import time
+
+import gradio as gr
+
+import viz.page as page
+from via_sd.decoding import stream_events
+from via_sd.fidelity import measure_fidelity
+
+from .gpu import run_seconds, gpu
+from .inputs import check_prompt, make_config
+from .models import MODELS
+from .sessions import SESSIONS
+
+log = logging.getLogger("via_sd.app")
+METHODS = ("via", "sd", "ar")
+FRAME_S = 1 / 15  # at most ~15 page updates a second: more than a browser shows, fewer than a fast pair makes
+MAX_PACE_MS = 2000.0
+
+
+def warn(message: str) -> None:
+    """A warning toast: Gradio renders its message as HTML, so the text is escaped first."""
+    gr.Warning(html.escape(str(message)))
+
+
+def runs_of(traces: dict) -> dict:
+    """{method: Trace} of the methods in a run's record (which also holds "ticket", "preset", "fidelity")."""
+    return {m: traces[m] for m in METHODS if (traces or {}).get(m) is not None}
+
+
+def panes(traces: dict, running: str | None = None, live: dict | None = None) -> tuple[str, str, str]:
+    return tuple(page.pane_html((traces or {}).get(m), m, running == m, (live or {}).get(m)) for m in METHODS)
+
+
+def take_run_ticket(theme="light", request: gr.Request = None):
+    """Run pressed (before the queue): this session's newer run supersedes its older one at once.
+    Returns (ticket, theme, race area: the last race is stale now)."""
+    return SESSIONS.get(request).ticket("run"), theme, page.RACE_HINT
+
+
+def request_rerun(rerun, request: gr.Request = None):
+    """A slider released with "re-run on release": a ticket, as a Run press takes. Returns (ticket, race area)."""
+    if not rerun:
+        return gr.skip(), gr.skip()
+    return SESSIONS.get(request).ticket("run"), page.RACE_HINT
+
+
+def stop_work(request: gr.Request = None) -> str:
+    """Stop: ends all of this session's work asked for so far (a queued or running run, a sweep, a route
+    search) within a round or a step; other sessions' work goes on."""
+    SESSIONS.get(request).stop()
+    return page.status_html("stopping after the current round …", "stop")
+
+
+def with_replacements(candidates: list[dict], pair, greedy: bool) -> list[dict]:
+    """Under greedy decoding a replaced draft's replacement is the deciding verifier's top choice: name
+    its text, so the pane can show it beside the struck draft (sampling resamples: shown at the round's end)."""
+    if not greedy:
+        return candidates
+    for c in candidates:
+        top = c.get(f"{c.get('tier')}_top")
+        if c.get("decision") == "replaced" and isinstance(top, int):
+            c["replacement_text"] = pair.tokenizer.decode([top])
+    return candidates
+
+
+def _run_duration(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, *rest, **kw):
+    with_ar = rest[1] if len(rest) > 1 else kw.get("with_ar", True)
+    return run_seconds(max_new_tokens, ("via", "sd", "ar") if with_ar else ("via", "sd"))
+
+
+@gpu(duration=_run_duration)
+def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
+                with_ar=True, pace=0, ticket=None, request: gr.Request = None, progress=gr.Progress()):
+    """Run VIA-SD, then plain SD (then AR), streaming each pane as its tokens are decided.
+
+    Yields (via pane, sd pane, ar pane, metrics, status, run record: {method: Trace, "ticket", "preset"}).
+    """
+    job = SESSIONS.get(request).job("run", ticket)
+    traces: dict = {"ticket": job.ticket, "preset": preset}
+    live: dict = {}  # method -> (round, candidates) of the round being verified
+
+    def out(message, kind="run", running=None):
+        note = {"note": "measuring … (after the run)"} if kind == "ok" else None
+        return (*panes(traces, running, live), page.metrics_html(runs_of(traces), note), page.status_html(message, kind),
+                traces)
+
+    if job.is_set():  # asked for, then stopped or replaced while it waited in the queue: it never starts
+        if job.superseded:
+            yield (gr.skip(),) * 6
+            return
+        yield (gr.skip(),) * 4 + (page.status_html("Stopped before it started (Stop was pressed while the run "
+                                                   "waited in the queue).", "stop"), gr.skip())
+        return
+    try:
+        check_prompt(prompt)
+        config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed)
+        loaded = MODELS.loaded(preset) is not None
+        yield out("starting …" if loaded else f"loading {preset} … (the run starts when the models are in)")
+        shared = MODELS.wait(preset, progress)
+        MODELS.ensure_warm(shared)  # a no-op once warm; on ZeroGPU the first run warms up inside its GPU call
+        pair = MODELS.view(shared, preset, route)
+        pace = max(0.0, min(float(pace or 0), MAX_PACE_MS)) / 1000  # slow motion: each step stays this long
+        for method in ("via", "sd", "ar") if with_ar else ("via", "sd"):
+            shown = 0.0
+            for event in stream_events(pair, prompt, method, config, stop=job):
+                if event.kind == "round":
+                    traces[method] = event.trace
+                    live.pop(method, None)
+                else:  # drafts proposed, or a tier decided some: shown pending / in tier colors
+                    live[method] = (event.round, with_replacements(event.candidates, pair, config.greedy))
+                if pace or time.perf_counter() - shown >= FRAME_S:
+                    n = len(traces[method].tokens) if method in traces else 0
+                    yield out(f"{page.METHOD_TITLES[method]}: {n} tokens …", running=method)
+                    shown = time.perf_counter()
+                    if pace:
+                        time.sleep(pace)
+            live.pop(method, None)
+            yield out(f"{page.METHOD_TITLES[method]} done", running=None)
+            if job.is_set():
+                break
+        if job.superseded:
+            yield out("Stopped: a newer run of this session replaces this one (Run pressed again, or a slider "
+                      "released).", "stop")
+        elif job.stopped:
+            yield out("Stopped. Partial traces are kept; plots and downloads show what ran.", "stop")
+        else:
+            yield out(page.done_message(runs_of(traces)), "ok")
+    except ValueError as err:  # UserError, or the engine refusing an input (e.g. a prompt beyond the context)
+        warn(str(err))
+        yield out(str(err), "error")
+    except Exception as err:  # never a stack trace in the page; the log keeps it
+        log.exception("run failed")
+        yield out(f"Something went wrong: {type(err).__name__}: {err}", "error")
+
+
+def rerun_on_release(rerun, prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed,
+                     route, with_ar=True, pace=0, ticket=None, request: gr.Request = None, progress=gr.Progress()):
+    """Slider released: run for real when "re-run on release" is ticked, else change nothing. A release that
+    a newer one (or a Run press) of this session superseded while it waited in the queue does not run."""
+    if not rerun:
+        yield (gr.skip(),) * 6
+        return
+    yield from run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
+                           with_ar, pace, ticket, request=request, progress=progress)
+
+
+def is_current(traces: dict, request=None) -> bool:
+    """Is `traces` this session's latest run (no newer run asked for since)? A direct call (no request: a
+    script, a test) always draws what it is given."""
+    return request is None or SESSIONS.get(request).is_latest("run", (traces or {}).get("ticket"))
+
+
+@gpu(duration=60)
+def fidelity_after_run(traces: dict, request: gr.Request = None):
+    """After Done: fidelity of VIA-SD and SD against the full model (AR's output as the reference when it
+    ran). Skipped once a newer run of this session was asked for. Returns (metrics, run record)."""
+    runs = runs_of(traces)
+    pair = MODELS.loaded((traces or {}).get("preset"))
+    if not runs or pair is None or "fidelity" in traces or not is_current(traces, request):
+        return gr.skip(), gr.skip()
+    fidelity = {}
+    for m in ("via", "sd"):
+        if not is_current(traces, request):
+            return gr.skip(), gr.skip()
+        if runs.get(m) is not None and runs[m].tokens and not (runs[m].summary or {}).get("stopped"):
+            fidelity[m] = measure_fidelity(pair, runs[m], reference=runs.get("ar"))
+    if not fidelity or not is_current(traces, request):
+        return gr.skip(), gr.skip()
+    record = {**traces, "fidelity": fidelity}
+    return page.metrics_html(runs, fidelity), record
