@@ -1,27 +1,37 @@
-"""Forward-pass costs at verification shapes, for a projected GPU speed-up. Needs no model download.
+"""The GPU check: the real decode loop and forward-pass costs at verification shapes. Needs no download.
 
-    python scripts/gpu_check.py --out artifacts/gpu_costs.json             # GPU: Qwen2.5 0.5B -> 7B, bf16
-    python scripts/gpu_check.py --device cpu --tiny --out /tmp/costs.json  # mechanics check, seconds
-    python scripts/gpu_check.py --pair embedded --device cpu --out ...     # the embedded pair's shapes
+    python scripts/gpu_check.py                      # GPU: Qwen2.5 0.5B -> 7B, bf16; JSON to $OUT/gpu_check.json
+    python scripts/gpu_check.py --out FILE.json      # ... or to FILE.json
+    python scripts/gpu_check.py --cpu-smoke --out /tmp/check.json   # the same, tiny and on CPU, seconds
+    python scripts/gpu_check.py --pair embedded --device cpu --out ...  # the embedded pair's shapes
 
-Builds random-weight models from the real configurations (written inline below; the time of a
-forward pass does not depend on the weight values), fills each model's KV cache with --context
-tokens, then times forward passes over n new tokens for n in --lengths: the drafter (1 logit
-row kept), the full verifier and the slim verifier of each route (gamma+1 rows kept, as when
-verifying). Each time is the median of --iters CUDA-synchronized calls after warm-up calls; the
-cache is cut back after every call. One JSON file comes out; feed it to
-`python -m via_sd bench ... --gpu-costs FILE`, which prices the forward calls recorded in real
-traces with it (a projection, labelled as such).
+Builds random-weight models from the real configurations (written inline below), then
+1. decodes: `via_sd.generate` with AR, SD, VIA-SD (progressive and separate slim / full passes) and
+   VIA-SD under the `lossless` thresholds, greedy, --decode-tokens new tokens each, and reports whether
+   greedy SD equals AR (and if not, where it first differs and the verifier's logit margin there),
+   whether progressive equals separate, whether lossless equals SD, the time and tokens/s of each
+   method, and any error (a failing method is reported, the others still run);
+2. times forward passes over n new tokens for n in --lengths after --context cached tokens: the
+   drafter (1 logit row kept), the full verifier and the slim verifier of each route (gamma+1 rows
+   kept, as when verifying); each time is the median of --iters calls after warm-up calls, with every
+   GPU synchronized around each call; the cache is cut back after every call.
+Random weights decode nonsense and rarely agree (acceptance near 0, every round rejects): the decode
+part checks mechanics, exactness and devices, not speed-ups. The slim verifier is via_sd's own
+(routing.SlimVerifier), the one forward the engine and route search run. One JSON file comes out; feed
+it to `python -m via_sd bench ... --gpu-costs FILE`, which prices the forward calls recorded in real
+traces with it (a projection, labelled as such). On one H200 the default run takes a few minutes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import statistics
 import sys
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +41,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
+from via_sd import DecodeConfig, ModelPair, Thresholds, generate  # noqa: E402
+from via_sd.models import char_tokenizer  # noqa: E402
+from via_sd.provisional import provisional_route  # noqa: E402
 from via_sd.routing import SlimVerifier, resolve_route, shipped_routes  # noqa: E402
 
 _QWEN = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
@@ -54,10 +67,14 @@ PAIRS = {
 }
 DEFAULT_LENGTHS = "1,2,3,4,5,6,8,12,16,24,32,64,128,256,512"
 TINY_ROUTE = "attn.1,mlp.2"
+PROMPT = "Write a function that returns the n-th Fibonacci number, then explain how it works.\n"
+EOS = 1  # the char tokenizer's end-of-sequence id, kept out of random models' outputs so every run is full length
+SMOKE = ["--device", "cpu", "--tiny", "--lengths", "1,2,6", "--iters", "1", "--warmup", "0", "--context", "16",
+         "--decode-tokens", "24"]
 
 
 def build(config_kwargs: dict, device: torch.device, dtype: torch.dtype):
-    """A random-weight Qwen2 causal LM made directly on `device` in `dtype`."""
+    """A random-weight Qwen2 causal LM made directly on `device` in `dtype`, end-of-sequence suppressed."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -65,11 +82,23 @@ def build(config_kwargs: dict, device: torch.device, dtype: torch.dtype):
             model = Qwen2ForCausalLM(Qwen2Config(**config_kwargs))
     finally:
         torch.set_default_dtype(previous)
+    suppress = torch.zeros(model.config.vocab_size, device=device, dtype=dtype)
+    suppress[EOS] = float("-inf")
+    model.lm_head.register_forward_hook(lambda _m, _i, out: out + suppress)
+    model.generation_config.eos_token_id = None
     return model.eval()
 
 
+def sync() -> None:
+    """Waits for every GPU: a verifier may be spread over several."""
+    if torch.cuda.is_available():
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(index)
+
+
 def routes_for(args, num_layers: int) -> dict:
-    """label -> Route: the --route values, else every shipped route made for this many layers."""
+    """label -> Route: the --route values, else every shipped route made for this many layers, else the
+    provisional rule's route."""
     if args.route:
         wanted = args.route
     elif args.tiny:
@@ -83,28 +112,95 @@ def routes_for(args, num_layers: int) -> dict:
             else text
         route = resolve_route(spec, num_layers)
         out[route.name if route.name != "custom" else ",".join(route.skip)] = route
+    if not out:
+        route = provisional_route(num_layers)
+        out[route.name] = route
+    return out
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first index where two token lists differ (a length difference counts), or None."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@torch.inference_mode()
+def margin_at(pair: ModelPair, prompt_ids: list[int], tokens: list[int], i: int, other: int) -> dict:
+    """The full verifier's logits at output position i (one pass over the prefix): its top two and the two
+    tokens the runs chose; a tiny gap means a near-tie that batch-shape rounding can flip."""
+    ids = torch.tensor([prompt_ids + tokens[:i]], device=pair.slim.device)
+    logits = pair.verifier(ids, logits_to_keep=1).logits[0, -1, :pair.vocab_size].float()
+    top = torch.topk(logits, 2)
+    return {"index": i, "tokens": [tokens[i], other] if i < len(tokens) else None,
+            "logits": [float(logits[tokens[i]]), float(logits[other])] if i < len(tokens) and other is not None
+            else None, "top2_gap": float(top.values[0] - top.values[1])}
+
+
+def compare(pair, prompt_ids, reference: list[int], other: list[int]) -> dict:
+    i = first_difference(reference, other)
+    if i is None:
+        return {"equal": True}
+    out = {"equal": False, "first_difference": i, "agreeing_share": sum(
+        x == y for x, y in zip(reference, other)) / max(len(reference), 1)}
+    if i < min(len(reference), len(other)):
+        out["at_first_difference"] = margin_at(pair, prompt_ids, reference, i, other[i])
+    return out
+
+
+def decode_check(drafter, verifier, route, names, device, dtype, tokens: int, gamma: int, errors: list) -> dict:
+    """AR, SD, VIA-SD (progressive, separate, lossless) through via_sd.generate on the built models."""
+    pair = ModelPair(drafter, verifier, SlimVerifier(verifier, route), char_tokenizer(), names[0], names[1], device,
+                     dtype, str(dtype).replace("torch.", ""))
+    runs = {"ar": ("ar", {}), "sd": ("sd", {}), "via": ("via", {"progressive": True}),
+            "via_separate": ("via", {"progressive": False}),
+            "via_lossless": ("via", {"thresholds": Thresholds.preset("lossless")})}
+    results, ids = {}, {}
+    for label, (method, extra) in runs.items():
+        options = {"thresholds": Thresholds.preset("paper"), **extra}
+        config = DecodeConfig(gamma=gamma, max_new_tokens=tokens, temperature=0.0, **options)
+        print(f"decode: {label} ({tokens} tokens)", file=sys.stderr, flush=True)
+        try:
+            sync()
+            t0 = time.perf_counter()
+            trace = generate(pair, PROMPT, method, config)
+            sync()
+            seconds = time.perf_counter() - t0
+        except Exception as err:  # a device error in one method is a finding; the others still run
+            errors.append({"where": f"decode {label}", "error": repr(err), "traceback": traceback.format_exc()})
+            continue
+        ids[label] = trace.token_ids
+        summary = trace.summary
+        results[label] = {"new_tokens": len(trace.token_ids), "seconds": round(seconds, 3),
+                          "tokens_per_s": round(len(trace.token_ids) / seconds, 2), "rounds": len(trace.rounds),
+                          "full_calls": summary.get("full_calls"), "tier_counts": summary.get("tier_counts"),
+                          "mean_accepted_length": summary.get("mean_accepted_length")}
+    prompt_ids = pair.encode(PROMPT)
+    out = {"prompt_tokens": len(prompt_ids), "max_new_tokens": tokens, "gamma": gamma, "route": list(route.skip),
+           "thresholds": "paper", "methods": results}
+    for key, (a, b) in {"sd_equals_ar": ("ar", "sd"), "progressive_equals_separate": ("via_separate", "via"),
+                        "lossless_equals_sd": ("sd", "via_lossless")}.items():
+        out[key] = compare(pair, prompt_ids, ids[a], ids[b]) if a in ids and b in ids else {"equal": None}
     return out
 
 
 @torch.inference_mode()
-def time_forward(forward, vocab: int, context: int, n: int, keep: int, iters: int, warmup: int,
-                 device: torch.device) -> float:
+def time_forward(forward, vocab: int, context: int, n: int, keep: int, iters: int, warmup: int) -> float:
     """Median ms of a forward over n new tokens after `context` cached tokens."""
-    cuda = device.type == "cuda"
     gen = torch.Generator(device="cpu").manual_seed(n)
     cache = DynamicCache()
+    device = forward.device
     forward(input_ids=torch.randint(vocab, (1, context), generator=gen).to(device), past_key_values=cache,
             use_cache=True, logits_to_keep=1)
     ids = torch.randint(vocab, (1, n), generator=gen).to(device)
     times = []
     for i in range(warmup + iters):
-        if cuda:
-            torch.cuda.synchronize(device)
+        sync()
         start = time.perf_counter()
         logits = forward(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=keep).logits
         torch.softmax(logits.float(), dim=-1)  # the engine turns every kept row into probabilities
-        if cuda:
-            torch.cuda.synchronize(device)
+        sync()
         if i >= warmup:
             times.append((time.perf_counter() - start) * 1000.0)
         cache.crop(-n)
@@ -115,6 +211,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=sorted(PAIRS), default="gpu", help="whose configurations to build")
     parser.add_argument("--tiny", action="store_true", help="tiny configs (same as --pair tiny): a quick check")
+    parser.add_argument("--cpu-smoke", action="store_true", help="everything, tiny, on CPU: " + " ".join(SMOKE))
     parser.add_argument("--device", default=None, help="cuda (default when available) or cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                         help="default: bfloat16 on CUDA, float32 on CPU")
@@ -124,13 +221,19 @@ def main(argv=None) -> int:
     parser.add_argument("--lengths", default=DEFAULT_LENGTHS, help="new tokens per timed forward, comma-separated")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--out", required=True, help="results file (JSON)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--decode-tokens", type=int, default=256, help="new tokens per decode run (0: no decoding)")
+    parser.add_argument("--out", default=None, help="results file (JSON); default $OUT/gpu_check.json")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args((SMOKE + argv) if "--cpu-smoke" in argv else argv)
+    if args.out is None:
+        if not os.environ.get("OUT"):
+            parser.error("say where the JSON goes: --out FILE, or set $OUT")
+        args.out = str(Path(os.environ["OUT"]) / "gpu_check.json")
     if args.tiny:
         args.pair = "tiny"
     if args.device is None:
         if not torch.cuda.is_available():
-            parser.error("no CUDA device here: pass --device cpu (and --tiny for a quick check)")
+            parser.error("no CUDA device here: pass --device cpu (and --tiny for a quick check), or --cpu-smoke")
         args.device = "cuda"
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
@@ -145,11 +248,24 @@ def main(argv=None) -> int:
     routes = routes_for(args, verifier.config.num_hidden_layers)
     built_s = time.time() - started
     vocab = min(drafter.config.vocab_size, verifier.config.vocab_size)
+    errors = []
+
+    decode = None
+    if args.decode_tokens:
+        names = (f"random {spec['drafter'][0]}", f"random {spec['verifier'][0]}")
+        decode = decode_check(drafter, verifier, next(iter(routes.values())), names, device, dtype,
+                              args.decode_tokens, args.gamma, errors)
+        print(json.dumps({k: v for k, v in decode.items() if k != "methods"}), file=sys.stderr)
 
     def timings(forward, rows):
         out = []
         for n in lengths:
-            out.append(time_forward(forward, vocab, args.context, n, min(rows, n), args.iters, args.warmup, device))
+            try:
+                out.append(time_forward(forward, vocab, args.context, n, min(rows, n), args.iters, args.warmup))
+            except Exception as err:
+                errors.append({"where": f"forward n={n}", "error": repr(err), "traceback": traceback.format_exc()})
+                out.append(None)
+                break
             print(f"  n={n:4d}: {out[-1]:9.2f} ms", file=sys.stderr, flush=True)
         return out
 
@@ -172,26 +288,29 @@ def main(argv=None) -> int:
         "torch": torch.__version__, "transformers": transformers.__version__,
         "context": args.context, "gamma": args.gamma, "iters": args.iters, "warmup": args.warmup,
         "lengths": lengths, "ms": ms, "routes": {label: list(r.skip) for label, r in routes.items()},
+        "decode": decode, "errors": errors,
         "peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-        "build_s": built_s, "elapsed_s": time.time() - started,
+        "build_s": built_s, "elapsed_s": time.time() - started, "command": " ".join(["scripts/gpu_check.py", *argv]),
         "note": "random weights built from the real configurations; forward time does not depend on weight values",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
 
     at = {n: k for k, n in enumerate(lengths)}
-    one, verify = at.get(1), at.get(keep)
     print(f"{args.pair} pair on {device_name} ({result['dtype']}), context {args.context}: costs in ms")
     print("| n | drafter | full | " + " | ".join(f"slim {label}" for label in ms["slim"]) + " |")
     print("|---|---|---|" + "---|" * len(ms["slim"]))
+    cell = lambda v: "error" if v is None else f"{v:.2f}"  # noqa: E731
     for n, k in at.items():
-        print(f"| {n} | {ms['drafter'][k]:.2f} | {ms['full'][k]:.2f} | "
-              + " | ".join(f"{v[k]:.2f}" for v in ms["slim"].values()) + " |")
-    if one is not None and verify is not None:
-        print(f"drafter(1) / full(1) = {ms['drafter'][one] / ms['full'][one]:.3f}; "
-              f"full({keep}) / full(1) = {ms['full'][verify] / ms['full'][one]:.3f}; "
-              + "; ".join(f"slim {label}({keep}) / full({keep}) = {v[verify] / ms['full'][verify]:.3f}"
-                          for label, v in ms["slim"].items()))
+        rows = [ms["drafter"], ms["full"], *ms["slim"].values()]
+        print(f"| {n} | " + " | ".join(cell(r[k] if k < len(r) else None) for r in rows) + " |")
+    if decode:
+        for label, r in decode["methods"].items():
+            print(f"{label}: {r['new_tokens']} tokens in {r['seconds']:.2f} s ({r['tokens_per_s']:.1f} tokens/s)")
+        print(f"greedy SD == AR: {decode['sd_equals_ar']}; progressive == separate: "
+              f"{decode['progressive_equals_separate']}; lossless == SD: {decode['lossless_equals_sd']}")
+    for err in errors:
+        print(f"ERROR in {err['where']}: {err['error']}")
     print(f"written to {args.out}")
     return 0
 

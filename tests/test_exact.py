@@ -193,8 +193,8 @@ def test_the_gpu_check_runs_its_decode_loop_tiny_on_cpu(tmp_path):
     assert gpu_check.main(["--cpu-smoke", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     decode = result["decode"]
-    assert set(decode["methods"]) == {"ar", "sd", "via", "via_separate"}
+    assert set(decode["methods"]) == {"ar", "sd", "via", "via_separate", "via_lossless"}
     assert all(m["new_tokens"] == decode["max_new_tokens"] for m in decode["methods"].values())
     assert decode["sd_equals_ar"]["equal"] is True  # fp32 on CPU: exact
-    assert "equal" in decode["progressive_equals_separate"]
+    assert decode["lossless_equals_sd"]["equal"] is True and "equal" in decode["progressive_equals_separate"]
     assert result["ms"]["full"] and result["errors"] == []
