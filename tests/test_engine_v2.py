@@ -12,6 +12,7 @@ ALL_TIERS = Thresholds(accept=0.9, escalate=0.5, signal="draft")  # uses A, B an
 
 
 def config(**kw):
+    kw.setdefault("gamma", 5)  # these are mechanics tests of a fixed round; test_costs.py covers gamma="auto"
     kw.setdefault("max_new_tokens", 32)
     kw.setdefault("chat", False)
     return DecodeConfig(**kw)
@@ -129,7 +130,11 @@ def test_a_draft_signal_round_with_tiers_b_c_a_a_a_makes_exactly_one_verifier_ca
     events = stream_events(pair, prompt, "via", config(gamma=5, max_new_tokens=6, thresholds=th))
     rnd = next(e for e in events if e.kind == "round").trace.rounds[0]
     assert rnd["candidates"][0]["p_draft"] == p[0]  # the same drafts as the probe
-    assert len(calls) == 1 and rnd["full_called"] and not rnd["slim_called"]
+    verifier_reads = [c for c in rnd["calls"] if c["model"] != "drafter"]
+    assert len(calls) == len(verifier_reads)  # the trace records every verifier pass
+    # one verifier call past the prompt (before it, the full verifier reads the prompt alone, as AR does)
+    assert [c["model"] for c in verifier_reads if c["past"] > 0] == ["full"] and not rnd["slim_called"]
+    assert rnd["full_called"] and all(c["past"] == 0 for c in verifier_reads[:-1])
     assert [c["tier"] for c in rnd["candidates"][:2]] == ["full", "full"]  # the full pass decided B exactly
 
 
@@ -141,7 +146,8 @@ def test_each_verifier_runs_at_most_once_a_round_and_only_where_needed():
             calls.clear()
             trace = generate(pair, prompt, "via", config(thresholds=th, max_new_tokens=48))
             passes = sum(r["slim_called"] + r["full_called"] for r in trace.rounds)
-            assert len(calls) == passes
+            prompt_reads = sum(c["past"] == 0 for r in trace.rounds for c in r["calls"] if c["model"] != "drafter")
+            assert len(calls) == passes + prompt_reads and prompt_reads <= 2
             for r in trace.rounds:
                 tiers = [c["tier"] for c in r["candidates"]]
                 if th.signal == "draft":  # no tier C -> no full pass; the slim pass only for tier B
@@ -231,14 +237,15 @@ def test_the_summary_is_kept_per_round_not_recomputed_from_the_whole_trace(tiny_
 
     trace = generate(tiny_routed_pair, "hello", "via", config(thresholds=ALL_TIERS, max_new_tokens=48))
     again = summarize(trace.tokens, trace.rounds, trace.summary["prefill_ms"], trace.summary["wall_ms"])
-    assert {k: v for k, v in trace.summary.items() if k not in ("prompt_tokens", "stopped")} == again
+    counted = {k: v for k, v in trace.summary.items() if k not in ("prompt_tokens", "stopped", "predicted_tokens_per_s")}
+    assert counted == again
 
 
 # ---- bad input ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, words", [
     ({"seed": 1.5}, "seed must be a whole number"), ({"seed": True}, "seed must be a whole number"),
-    ({"gamma": 2.0}, "gamma must be a whole number"), ({"gamma": False}, "gamma must be a whole number"),
+    ({"gamma": 2.0}, 'gamma .* must be "auto" .* or a whole number'), ({"gamma": False}, "gamma .* whole number"),
     ({"temperature": 1e-30}, "so small that logits overflow"), ({"temperature": True}, "temperature must be a number"),
     ({"max_unverified": -1}, "max_unverified"), ({"thresholds": {"accept": 0.5}}, "Thresholds"),
 ])
@@ -371,25 +378,27 @@ def test_discarded_drafts_keep_the_tier_they_were_sorted_into(tiny_routed_pair):
 
 
 def test_the_full_verifier_reads_the_prompt_alone_then_extends_its_cache_like_steps():
-    """CachedModel(prompt=L): a first call past the prompt reads the prompt in a call of its own (as
-    AR's first call), then the rest, and returns the asked-for positions of both in order."""
-    from via_sd.decoding import CachedModel
+    """Reader(prompt=L): a first call past the prompt reads the prompt in a call of its own (as AR's first
+    call), then the rest, returns the asked-for positions of both in order, and records both forwards."""
+    from via_sd.cached import CachedModel, Reader
 
     pair = load_pair("random", weights="int4", route="none")
     seq = pair.encode("The quick brown fox jumps over", chat=False)
     prompt = len(seq) - 5
-    fed = []
+    fed, calls = [], []
 
     def forward(input_ids, **kwargs):
         fed.append(input_ids.shape[1])
         return pair.verifier(input_ids=input_ids, **kwargs)
 
     vocab = pair.vocab_size
-    batch = CachedModel(forward, vocab, "cpu", "cpu", prompt=prompt).logits(seq, len(seq), 6)
+    batch = Reader(CachedModel(forward, vocab, "cpu", "cpu"), "full", prompt, calls).logits(seq, len(seq), 6)
     assert fed == [prompt, 5] and batch.shape == (6, vocab)
+    assert calls == [{"model": "full", "rows": prompt, "past": 0, "resume": False},
+                     {"model": "full", "rows": 5, "past": prompt, "resume": False}]
     steps_model = CachedModel(pair.verifier, vocab, "cpu", "cpu")
     steps = torch.cat([steps_model.logits(seq, n, 1) for n in range(prompt, len(seq) + 1)])
-    assert torch.allclose(batch, steps, atol=1e-5) and torch.equal(batch.argmax(-1), steps.argmax(-1))
+    assert torch.equal(batch, steps)  # int4 with row attention: bit for bit
     fed.clear()
-    later = CachedModel(forward, vocab, "cpu", "cpu", prompt=prompt)
+    later = Reader(CachedModel(forward, vocab, "cpu", "cpu"), "full", prompt, [])
     assert later.logits(seq, len(seq), 2).shape == (2, vocab) and fed == [prompt, 5]  # no prompt position asked

@@ -13,144 +13,39 @@ Each model keeps its own KV cache and catches up lazily on tokens it has not see
 verifier runs only in rounds that escalate to it. In VIA-SD the slim and full verifier share the
 sub-layers before the route's first skip (progressive verification, routing.ProgressiveVerifier):
 one KV cache there, and a full pass resumes from the hidden states the slim pass left.
+How many drafts a round has: `DecodeConfig(gamma="auto")` (the default) asks the cost model
+(costs.best_gamma) each round, from the pair's measured cost profile (pair.costs) and the acceptance
+and tier shares seen so far in this run; every round records its gamma and every forward it made, and
+the summary prices those forwards (`predicted_tokens_per_s`, next to the measured `tokens_per_s`).
 `stream_events` yields an Event after drafting, after each tier's decisions and after each round;
 `stream` and `generate` are built on it.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
-from transformers import DynamicCache
 
+from .cached import CachedModel, Clock, Reader
+from .config import AUTO, MAX_NEW_TOKENS, MIN_TEMPERATURE, DecodeConfig  # noqa: F401  (re-exported)
+from .costs import Rates, best_gamma, predicted_tokens_per_s
 from .models import ModelPair
+from .plan import force_verification, plan_round
 from .routing import ProgressiveVerifier
-from .tiers import (DRAFT, FULL, SLIM, Thresholds, logits_to_probs, pick, relative_confidence, tier_of,
-                    verify_draft)
+from .text import TokenText
+from .tiers import DRAFT, FULL, SLIM, logits_to_probs, pick, relative_confidence, tier_of, verify_draft
 from .trace import Tally, Trace
 
 METHODS = ("ar", "sd", "via")
-MAX_NEW_TOKENS = 4096
-MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax to float precision and logits / temperature can overflow
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    gamma: int = 5
-    max_new_tokens: int = 128
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int = 0
-    thresholds: Thresholds = field(default_factory=Thresholds)
-    draft_stop: float = 0.0  # end the round's drafting early once the drafter's p(x) falls below this
-    chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
-    # VIA-SD: once this many tokens in a row were kept with no verifier, the next round's drafts go to a
-    # verifier (tier A is closed for that round); 0 = no bound
-    max_unverified: int = 32
-    # VIA-SD: the slim and full verifier share the sub-layers before the route's first skip (one KV cache,
-    # a full pass resumes from the slim pass's hidden states); False runs them separately (for comparison)
-    progressive: bool = True
-
-    def __post_init__(self):
-        for name in ("gamma", "max_new_tokens", "seed", "max_unverified"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be a whole number (int), got {value!r}")
-        for name in ("temperature", "top_p", "draft_stop"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-                raise ValueError(f"{name} must be a number, got {value!r}")
-        if not 1 <= self.gamma <= 64:
-            raise ValueError(f"gamma (draft length) must be a whole number from 1 to 64, got {self.gamma!r}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be from 1 to {MAX_NEW_TOKENS}, got {self.max_new_tokens!r}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
-        if not 0.0 <= self.temperature <= 5.0:
-            raise ValueError(f"temperature must lie in [0, 5] (0 = greedy), got {self.temperature!r}")
-        if 0.0 < self.temperature < MIN_TEMPERATURE:
-            raise ValueError(f"temperature={self.temperature!r} is so small that logits overflow: use 0 for greedy "
-                             f"decoding or at least {MIN_TEMPERATURE}")
-        if not 0.0 <= self.draft_stop <= 1.0:
-            raise ValueError(f"draft_stop must lie in [0, 1] (0 = always draft gamma tokens), got {self.draft_stop!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
-        if self.max_unverified < 0:
-            raise ValueError(f"max_unverified must be 0 (no bound) or a positive number of tokens, "
-                             f"got {self.max_unverified!r}")
-        if not isinstance(self.thresholds, Thresholds):
-            raise ValueError(f"thresholds must be a via_sd.Thresholds, got {type(self.thresholds).__name__}: "
-                             "use Thresholds(accept=..., escalate=..., signal=...) or Thresholds.preset(name)")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["thresholds"] = self.thresholds.to_dict()
-        return d
-
-
-class Clock:
-    """Milliseconds since start; synchronizes CUDA first so GPU work is really finished."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = torch.device(device).type == "cuda"
-        self.t0 = time.perf_counter()
-
-    def ms(self) -> float:
-        if self.cuda:  # every GPU: a verifier may be spread over several
-            for index in range(torch.cuda.device_count()):
-                torch.cuda.synchronize(index)
-        return (time.perf_counter() - self.t0) * 1000.0
-
-
-class CachedModel:
-    """One model with its own KV cache, and how many tokens of the sequence that cache holds.
-
-    `prompt`: the prompt's length. A first call that reads past the prompt reads the prompt alone
-    first, as AR's first call does, so every later position is fed as a pass extending the cache (with
-    row attention, bit for bit what one-token steps compute: greedy SD == greedy AR)."""
-
-    def __init__(self, forward, vocab_size: int, input_device, output_device, prompt: int = 0):
-        self.forward = forward
-        self.vocab_size = vocab_size
-        self.input_device, self.output_device = input_device, output_device
-        self.cache = DynamicCache()
-        self.seen, self.prompt = 0, prompt
-
-    @torch.inference_mode()
-    def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
-        """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
-        self.rollback(upto - keep)  # a position asked for again is fed again
-        if self.seen < self.prompt < upto:
-            inside = max(0, self.prompt - max(upto - keep, self.seen))  # asked-for positions in the prompt
-            first = self._feed(seq, self.prompt, max(inside, 1))
-            return torch.cat([first[first.shape[0] - inside:], self._feed(seq, upto, keep - inside)])
-        return self._feed(seq, upto, keep)
-
-    def _feed(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
-        ids = torch.tensor([seq[self.seen:upto]], device=self.input_device)
-        out = self.forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
-        self.seen = upto
-        # a verifier spread over several GPUs returns logits on its last one
-        return out.logits[0, -keep:, : self.vocab_size].to(self.output_device)
-
-    def rollback(self, length: int) -> None:
-        """Forgets every cached token past `length`."""
-        if self.seen > length:
-            self.cache.crop(length - self.seen)
-            self.seen = length
 
 
 @dataclass
 class Round:
     """What one verification step decided: every candidate, the emitted tokens, who ran, how long."""
 
+    gamma: int = 0  # drafts asked for (the drafter may stop early: draft_stop, the token budget)
     candidates: list = field(default_factory=list)
     emitted: list = field(default_factory=list)  # token dicts without i/text/round
     kept_drafts: int = 0
@@ -159,23 +54,45 @@ class Round:
     forced_by: str | None = None  # "max_unverified": tier A is closed this round
     sorted_tiers: list = field(default_factory=list)  # the tier each draft was sorted into
     phase_ms: dict = field(default_factory=lambda: {"draft": 0.0, "slim": 0.0, "full": 0.0})
+    calls: list = field(default_factory=list)  # every forward: {"model", "rows", "past", "resume"}
 
 
 class Decoder:
-    """State shared by the three methods: the pair, caches, sampling, clock."""
+    """State shared by the three methods: the pair, caches, sampling, clock, and the round's size."""
 
     def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str, prompt: int = 0):
-        self.pair, self.config, self.clock = pair, config, clock
+        self.pair, self.config, self.clock, self.method = pair, config, clock, method
         self.device = pair.drafter.device  # where probabilities are compared and sampled
+        self.calls: list = []  # the current round's forwards (Reader appends; the loop hands them to the Round)
         vocab = pair.vocab_size
-        self.drafter = CachedModel(pair.drafter, vocab, pair.drafter.device, self.device)
+        drafter = CachedModel(pair.drafter, vocab, pair.drafter.device, self.device)
         if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
             verifiers = ProgressiveVerifier(pair.slim, vocab, self.device)
-            self.slim, self.full = verifiers.view("slim"), verifiers.view("full")
+            slim, full = verifiers.view("slim"), verifiers.view("full")
         else:
-            self.slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
-            self.full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device, prompt=prompt)
+            slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
+            full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device)
+        self.drafter, self.slim, self.full = (Reader(m, name, prompt, self.calls) for m, name in
+                                              ((drafter, "drafter"), (slim, "slim"), (full, "full")))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
+        self.profile = pair.costs if config.auto_gamma and method != "ar" else None
+        self.rates = Rates()
+        th = config.thresholds
+        self.slim_sorts = method == "via" and th.signal == "slim" and th.fixed_tier is None
+
+    def gamma(self, remaining: int) -> int:
+        """This round's draft length: fixed, or the one the cost profile predicts is fastest now."""
+        if self.method == "ar":
+            return 0
+        if not self.config.auto_gamma:
+            return min(self.config.gamma, remaining)
+        method = "sd" if self.method == "sd" or self.config.thresholds.fixed_tier == FULL else "via"
+        return min(best_gamma(self.profile, method, self.rates, self.slim_sorts), remaining)
+
+    def learn(self, rnd: Round, lag: int) -> None:
+        """What this round tells the running estimates (acceptance, tier shares, the full verifier's lag)."""
+        rejected = any(c["decision"] == "replaced" for c in rnd.candidates)
+        self.rates.add(rnd.kept_drafts, rejected, rnd.sorted_tiers, lag if rnd.full_called else None)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits_to_probs(logits, self.config.temperature, self.config.top_p)
@@ -277,16 +194,11 @@ def verify_sd(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[N
 
 
 def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
-    """VIA-SD: tier A keeps the draft, tier B asks the slim verifier, tier C defers to the full one.
-
-    Each verifier runs at most once a round, over the positions it must decide. Slim signal: the slim
-    pass sorts every draft, the full pass checks from the first tier-C draft. Draft signal: a round with
-    a tier-C draft runs the full pass alone, from the first draft that is not tier A (it decides tier B
-    exactly, at no extra cost); otherwise the slim pass runs up to the last tier-B draft.
-    """
+    """VIA-SD: tier A keeps the draft, tier B asks the slim verifier, tier C defers to the full one, in the
+    order the round plan (plan.py) gives; each verifier runs at most once a round."""
     th, n, cands = dec.config.thresholds, len(drafts), rnd.candidates
-    q_slim = None
-    if th.signal == "slim" and th.fixed_tier is None:
+    q_slim, offset = None, 0
+    if dec.slim_sorts:
         q_slim, confidence = dec.score(dec.slim, SLIM, seq, drafts, 0, n, rnd)
     elif th.signal == "slim":  # the thresholds alone decide every tier: no slim pass for the signal
         confidence = [None] * n
@@ -294,131 +206,45 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[
         confidence = [c["p_draft"] for c in cands]
     tiers = [th.fixed_tier or tier_of(r, th) for r in confidence]
     if rnd.forced_by:  # too many tokens in a row were kept unverified: a verifier sees this round
-        tiers = [SLIM if t == DRAFT else t for t in tiers]
+        tiers = force_verification(tiers)
     for c, r in zip(cands, confidence):
         c["confidence"] = r
     rnd.sorted_tiers = tiers
+    plan = plan_round(tiers, dec.slim_sorts)
+    full_from = plan.full[0] if plan.full else n
 
-    i = 0
-    while i < n and tiers[i] == DRAFT:  # tier A at once
-        dec.decide(rnd, i, drafts[i], DRAFT, "kept", p, {})
-        i += 1
-    if i:
+    k = 0
+    while k < full_from and plan.decide[k] == DRAFT:  # tier A at once
+        dec.decide(rnd, k, drafts[k], DRAFT, "kept", p, {})
+        k += 1
+    if k:
         yield
-    if i == n:  # every draft in tier A: the bonus comes from the slim pass if one ran (no verifier otherwise)
-        if q_slim is not None:
-            dec.bonus(rnd, SLIM, q_slim[-1])
-        return
-    first_full = tiers.index(FULL) if FULL in tiers else n
-    if q_slim is None and first_full < n:  # draft signal with a tier-C draft: the full pass alone
-        q_full, _ = dec.score(dec.full, FULL, seq, drafts, i, n, rnd)
-        dec.check(rnd, FULL, drafts, p, q_full, i)
-        yield
-        return
-    offset = 0
-    if q_slim is None:  # draft signal, tier B and no tier C: the slim pass up to the last tier-B draft
-        last = max(k for k in range(n) if tiers[k] == SLIM)
-        q_slim, _ = dec.score(dec.slim, SLIM, seq, drafts, i, last + 1, rnd)
-        offset = i
-    for k in range(i, first_full):
-        if tiers[k] == DRAFT:
+    if plan.slim is not None and q_slim is None:  # draft signal: the slim pass over its stretch only
+        q_slim, _ = dec.score(dec.slim, SLIM, seq, drafts, *plan.slim, rnd)
+        offset = plan.slim[0]
+    decided_by_slim = False
+    for k in range(k, full_from):
+        if plan.decide[k] == DRAFT:
             dec.decide(rnd, k, drafts[k], DRAFT, "kept", p, {})
-        elif not dec.check_one(rnd, SLIM, drafts, p, q_slim[k - offset], k):
-            yield
-            return
-    if first_full == n:  # the round never escalated: the bonus comes from the slim verifier, if it saw that far
-        if len(q_slim) + offset == n + 1:
+        else:
+            decided_by_slim = True
+            if not dec.check_one(rnd, SLIM, drafts, p, q_slim[k - offset], k):
+                yield
+                return
+    if plan.full is None:  # the round never escalated: the bonus comes from the slim pass, if it saw that far
+        if plan.bonus == SLIM:
             dec.bonus(rnd, SLIM, q_slim[-1])
-        yield
+        if decided_by_slim:
+            yield
         return
-    if first_full > i:
+    if decided_by_slim:
         yield
-    q_full, _ = dec.score(dec.full, FULL, seq, drafts, first_full, n, rnd)
-    dec.check(rnd, FULL, drafts, p, q_full, first_full)
+    q_full, _ = dec.score(dec.full, FULL, seq, drafts, full_from, n, rnd)
+    dec.check(rnd, FULL, drafts, p, q_full, full_from)
     yield
 
 
 VERIFY = {"ar": verify_ar, "sd": verify_sd, "via": verify_via}
-
-
-class TokenText:
-    """Each token's piece of the decoded text, O(1) amortized per token.
-
-    Decodes a short window of recent tokens without and with the new one and emits the difference,
-    as streaming servers do (the window's own start-of-text effects cancel out). A token whose text is
-    not yet complete (half of a multi-byte character) waits and its text arrives with a later token.
-    When a tokenizer rewrites text already handed out (cleaned-up spaces), `rewrite` fixes the pieces
-    inside the window; `flush` decodes everything once at the end and `resync`s if anything still
-    differs, so the pieces always concatenate to `tokenizer.decode(ids, skip_special_tokens=True)`.
-    """
-
-    WINDOW = 4  # settled tokens decoded again as context for the next piece
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.ids, self.pieces = tokenizer, [], []
-        self.settled = 0  # tokens whose text has been handed out
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.pieces)
-
-    def add(self, token_id: int) -> dict[int, str]:
-        """Appends a token; returns {token index: its text} for every piece that changed."""
-        self.ids.append(token_id)
-        self.pieces.append("")
-        start = max(self.settled - self.WINDOW, 0)
-        before, after = self.decode(self.ids[start:self.settled]), self.decode(self.ids[start:])
-        if after.endswith("\ufffd"):
-            return {}  # an incomplete multi-byte character: its text arrives with a later token
-        if not after.startswith(before):
-            return self.rewrite(start, before, after)
-        self.pieces[-1] = after[len(before):]
-        self.settled = len(self.ids)
-        return {len(self.ids) - 1: self.pieces[-1]}
-
-    def rewrite(self, start: int, before: str, after: str) -> dict[int, str]:
-        """The new token changed text already handed out (e.g. " n't" -> "n't"): rewrites the pieces of the
-        window from the first changed character, the rest of the text going to the newest token."""
-        emitted = "".join(self.pieces[start:self.settled])
-        lead = len(emitted) - len(before)  # text the window's decode drops at its start (a leading space)
-        if lead < 0 or emitted[lead:] != before:
-            return self.resync()
-        common = 0
-        while common < min(len(before), len(after)) and before[common] == after[common]:
-            common += 1
-        pos, k = 0, start
-        while pos + len(self.pieces[k]) <= lead + common and k < self.settled:
-            pos += len(self.pieces[k])
-            k += 1
-        changed = {j: "" for j in range(k, len(self.pieces))}
-        changed[len(self.pieces) - 1] = (emitted[:lead] + after)[pos:]
-        for j, piece in changed.items():
-            self.pieces[j] = piece
-        self.settled = len(self.ids)
-        return changed
-
-    def resync(self) -> dict[int, str]:
-        """Decodes everything once and rewrites the pieces from the first one that differs."""
-        full = self.decode(self.ids)
-        pos, i = 0, 0
-        while i < len(self.pieces) and full.startswith(self.pieces[i], pos):
-            pos += len(self.pieces[i])
-            i += 1
-        if i == len(self.pieces) and pos == len(full):
-            return {}
-        changed = {k: "" for k in range(i, len(self.pieces))}
-        changed[len(self.pieces) - 1] = full[pos:]  # the rest of the text goes to the newest token
-        for k, piece in changed.items():
-            self.pieces[k] = piece
-        self.settled = len(self.ids)
-        return changed
-
-    def flush(self) -> dict[int, str]:
-        """Gives any waiting text to the last token and checks the whole text once."""
-        return self.resync() if self.ids else {}
 
 
 @dataclass
@@ -455,23 +281,26 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         raise ValueError("the prompt is empty: type some text for the model to continue")
     prompt_ids = pair.encode(prompt, chat=config.chat)
     limit = getattr(pair.verifier.config, "max_position_embeddings", None) or 32768
-    if len(prompt_ids) + config.max_new_tokens + config.gamma + 1 > limit:
+    if len(prompt_ids) + config.max_new_tokens + config.longest_round + 1 > limit:
         raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
                          f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
 
     clock = Clock(pair.drafter.device)
     dec = Decoder(pair, config, clock, method, prompt=len(prompt_ids))
     verify = VERIFY[method]
+    profile = pair.costs  # measured once per machine and pair (via_sd.profile), then read from the cache
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
-                  dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict())
+                  dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict(), costs=profile.to_dict())
     text, tally = TokenText(pair.tokenizer), Tally()
     seq, eos = list(prompt_ids), pair.eos_ids
     start, paused = clock.ms(), 0.0  # paused: time the consumer held an event
-    unverified = 0  # tokens in a row kept with no verifier
+    unverified = 0  # tokens in a row kept as drafted since a verifier last checked one (max_unverified)
 
     def summary(**extra) -> dict:
         wall = clock.ms() - start - paused
-        return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids), **extra}
+        predicted = predicted_tokens_per_s(profile, trace.rounds, len(trace.tokens))
+        return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids),
+                "predicted_tokens_per_s": predicted or 0.0, **extra}
 
     # No separate prefill: each model reads the prompt with its first call of the first round (the full
     # verifier in a call of its own: CachedModel), so its time is part of round 0; prefill_ms stays 0.
@@ -484,11 +313,12 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         round_start, held = clock.ms(), 0.0  # held: time the consumer kept this round's events
         round_at = round_start - start - paused
         k = len(trace.rounds)
-        rnd = Round()
+        remaining = config.max_new_tokens - len(trace.tokens)
+        rnd = Round(gamma=dec.gamma(remaining))
         if method == "via" and config.max_unverified and unverified >= config.max_unverified:
             rnd.forced_by = "max_unverified"
-        remaining = config.max_new_tokens - len(trace.tokens)
-        drafts, p = dec.draft(seq, 0 if method == "ar" else min(config.gamma, remaining), rnd)
+        lag = len(seq) - dec.full.seen  # tokens the full verifier has yet to catch up on
+        drafts, p = dec.draft(seq, rnd.gamma, rnd)
         rnd.candidates = _candidates(drafts, p, pair.tokenizer)
         steps = verify(dec, seq, drafts, p, rnd)
         if drafts:
@@ -505,8 +335,12 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         for model in (dec.drafter, dec.slim, dec.full):
             model.rollback(valid)
         seq.extend(tok["id"] for tok in emitted)
-        for tok in emitted:
-            unverified = unverified + 1 if tok["tier"] == DRAFT else 0
+        for tok in emitted:  # a bonus token is no check of anything: it leaves the count as it is
+            if tok["outcome"] != "bonus" or tok["tier"] == FULL:
+                unverified = unverified + 1 if tok["tier"] == DRAFT else 0
+        rnd.calls = list(dec.calls)
+        dec.calls.clear()
+        dec.learn(rnd, lag)
         _record_round(trace, rnd, emitted, text, tally, round_at, clock.ms() - round_start - held)
         trace.token_ids, trace.text = seq[len(prompt_ids):], text.text
         if len(emitted) >= remaining or emitted[-1]["id"] in eos:
@@ -554,10 +388,11 @@ def _record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText
         if c["decision"] == "pending":  # after a replacement
             c["decision"], c["tier"] = "discarded", c["tier"] or tier
     ph = rnd.phase_ms
-    trace.rounds.append({"round": k, "start_ms": start_ms, "draft_ms": ph["draft"], "slim_ms": ph["slim"],
+    trace.rounds.append({"round": k, "gamma": rnd.gamma, "start_ms": start_ms, "draft_ms": ph["draft"],
+                         "slim_ms": ph["slim"],
                          "full_ms": ph["full"], "other_ms": max(total_ms - sum(ph.values()), 0.0),
                          "full_called": rnd.full_called, "slim_called": rnd.slim_called,
-                         "forced_by": rnd.forced_by, "candidates": rnd.candidates})
+                         "forced_by": rnd.forced_by, "calls": rnd.calls, "candidates": rnd.candidates})
     tally.add(trace.rounds[-1], new)
 
 

@@ -84,6 +84,16 @@ class ModelPair:
                 "skipped": list(self.route.skip), "skip_fraction": self.route.skip_fraction,
                 "weights": self.weights, "weights_requested": self.weights_requested or self.weights}
 
+    @property
+    def costs(self):
+        """The pair's cost profile on this machine (via_sd.costs.CostProfile): read from the cache, measured
+        once when missing (via_sd.profile; about a minute for the embedded pair on 2 cores)."""
+        if getattr(self, "_costs", None) is None or self._costs.key.get("route") != list(self.route.skip):
+            from .profile import profile_for
+
+            self._costs = profile_for(self)
+        return self._costs
+
     def set_route(self, route) -> None:
         """Switch the slim verifier's route (weights stay shared)."""
         self.slim = SlimVerifier(self.verifier, resolve_route(route, self.verifier.config.num_hidden_layers))

@@ -5,9 +5,11 @@ Tokens, rounds and candidates are plain dicts so that the JSON round trip is exa
 
 tokens[i]:   i, id, text, round, tier (draft|slim|full), outcome (kept|replaced|bonus),
              p_draft, q_slim, q_full (None where that model did not score it), confidence
-rounds[k]:   round, start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called,
+costs:       the pair's cost profile on the machine that ran it (via_sd.costs.CostProfile.to_dict())
+rounds[k]:   round, gamma (drafts asked for), start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called,
              forced_by (None, or "max_unverified": tier A was closed this round because that many tokens in
-             a row had been kept with no verifier), candidates[]
+             a row had been kept with no verifier), calls[] (every forward: model, rows fed, rows already
+             cached, resume: a full pass that resumed from the slim pass's shared sub-layers), candidates[]
 candidate:   pos, token, text, p_draft, q_slim, q_full, slim_top, full_top (the verifiers' top choices
              where they scored the position), confidence, tier,
              decision (accepted: tier A, no verifier | kept: a verifier agreed |
@@ -16,7 +18,7 @@ summary:     new_tokens, wall_ms, tokens_per_s, mean_accepted_length, rejection_
              drafts count as accepted), verified_rejection_rate (among drafts a verifier checked),
              unverified_share (tokens kept with no verifier), exact_share (tokens the full verifier decided:
              only these are exact; "draft" and "slim" tokens are not), drafted, full_calls, slim_calls,
-             tier_counts, ...
+             tier_counts, predicted_tokens_per_s (the recorded forwards priced with `costs`), ...
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class Trace:
     tokens: list = field(default_factory=list)
     rounds: list = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    costs: dict = field(default_factory=dict)  # the cost profile the run was decided and priced with (costs.py)
     schema: str = SCHEMA
 
     def to_dict(self) -> dict:

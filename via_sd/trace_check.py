@@ -244,9 +244,21 @@ def _thresholds(path, v):
             _fail(f"{path}.escalate", f"must not exceed accept ({v['accept']})", v["escalate"])
 
 
+def _gamma(path, v):
+    if v != "auto":  # drafts per round: chosen each round by the cost model, or fixed
+        _count(path, v, 4096)
+
+
+def _call(path, v):
+    _object(path, v)
+    _fields(path, v, {"model": lambda p, x: _choice(p, x, ("drafter", "slim", "full")),
+                      "rows": lambda p, x: _count(p, x, MAX_ITEMS), "past": lambda p, x: _count(p, x, MAX_ITEMS),
+                      "resume": _flag}, 4, required=("model", "rows"))
+
+
 def _config(path, v):
     _object(path, v)
-    _fields(path, v, {"gamma": lambda p, x: _count(p, x, 4096), "max_new_tokens": lambda p, x: _count(p, x, MAX_ITEMS),
+    _fields(path, v, {"gamma": _gamma, "max_new_tokens": lambda p, x: _count(p, x, MAX_ITEMS),
                       "temperature": lambda p, x: _number(p, x, 0.0, 100.0),
                       "top_p": lambda p, x: _prob(p, x), "seed": lambda p, x: _count(p, x, optional=True),
                       "thresholds": _thresholds, "draft_stop": lambda p, x: _prob(p, x),
@@ -286,6 +298,7 @@ def _candidate(path, v):
 def _round(path, v):
     _object(path, v)
     known = {"round": lambda p, x: _count(p, x, MAX_ITEMS), "full_called": _flag, "slim_called": _flag,
+             "gamma": lambda p, x: _count(p, x, 4096), "calls": lambda p, x: _each(p, x, _call, MAX_CANDIDATES),
              "candidates": lambda p, x: _each(p, x, _candidate, MAX_CANDIDATES)}
     known.update({f"{phase}_ms": _ms for phase in ("start", "draft", "slim", "full", "other")})
     _fields(path, v, known, 2, required=("round", "candidates"))

@@ -18,7 +18,10 @@ def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dic
     saved = {k: getattr(gen_cfg, k, None) for k in keys}
     # transformers reads the draft length from the assistant's config; its confidence threshold
     # ends drafting early as the engine's draft_stop does (0 = off)
-    gen_cfg.num_assistant_tokens, gen_cfg.num_assistant_tokens_schedule = config.gamma, "constant"
+    if config.auto_gamma:  # transformers' own adaptive draft length stands in for the cost model's
+        gen_cfg.num_assistant_tokens, gen_cfg.num_assistant_tokens_schedule = 5, "heuristic"
+    else:
+        gen_cfg.num_assistant_tokens, gen_cfg.num_assistant_tokens_schedule = config.gamma, "constant"
     gen_cfg.assistant_confidence_threshold = float(getattr(config, "draft_stop", 0.0))
     calls = {"drafter": 0, "full": 0}
 

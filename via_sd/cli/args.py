@@ -17,7 +17,8 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--gamma", type=int, default=5, help="draft tokens per round")
+    parser.add_argument("--gamma", type=gamma_value, default="auto",
+                        help="draft tokens per round: auto (from the measured cost profile, each round) or 1..64")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -32,6 +33,16 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--escalate", type=float, default=None, help="tier C threshold (default: shipped)")
     parser.add_argument("--signal", choices=["slim", "draft"], default=None, help="whose confidence sorts tokens")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+
+
+def gamma_value(text: str):
+    """--gamma: "auto" or a whole number (DecodeConfig checks the range)."""
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"gamma must be 'auto' or a whole number, got {text!r}") from None
 
 
 def parse_route(text: str | None):

@@ -1,4 +1,4 @@
-"""`python -m via_sd setup`: assemble, verify and convert the embedded pair once."""
+"""`python -m via_sd setup`: assemble, verify and convert the embedded pair once; measure its costs here."""
 
 from __future__ import annotations
 
@@ -18,6 +18,11 @@ def cmd_setup(args) -> int:
     if int4_available():  # measure once which int4 shapes run faster de-quantized (kept in lowbit-kernels.json)
         from .. import load_pair
 
-        load_pair("embedded", weights="int4")
+        pair = load_pair("embedded", weights="int4")
         print("int4 kernel choices measured")
+        from ..profile import profile_for
+        from .args import print_progress
+
+        profile_for(pair, progress=print_progress)  # what a round costs here: gamma="auto" and predictions use it
+        print("cost profile measured (python -m via_sd profile prints it)")
     return 0

@@ -1,0 +1,33 @@
+"""`python -m via_sd profile`: the pair's measured cost profile on this machine (measured once, cached)."""
+
+from __future__ import annotations
+
+from .args import add_pair_arguments, pair_from_args, print_progress
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("profile", help="measure (once, then cached) and print what a round costs on this machine")
+    add_pair_arguments(p)
+    p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile fits")
+    p.set_defaults(run=cmd_profile)
+
+
+def cmd_profile(args) -> int:
+    from ..costs import Rates, best_gamma, ceiling
+    from ..profile import profile_for, profile_path
+
+    pair = pair_from_args(args)
+    profile = profile_for(pair, refresh=args.refresh, progress=print_progress)
+    print(f"cost profile ({profile.key.get('device_name')}, {profile.key.get('threads')} threads, "
+          f"{profile.key.get('weights')} weights), cached at {profile_path(profile.key)}")
+    print(f"verify(1) = {profile.verify(1):.1f} ms; drafter c = {profile.c:.3f} of it")
+    print(" k  V(k)  s(k)  resume/full")
+    for k in range(1, len(profile.verify_ms) + 1):
+        print(f"{k:2d} {profile.V(k):5.2f} {profile.s(k):5.2f} {profile.resume(k) / profile.verify(k):6.2f}")
+    for model, curve in profile.prompt_ms.items():
+        print(f"{model} reads a prompt: " + ", ".join(f"{n} tokens {ms:.0f} ms" for n, ms in sorted(curve.items())))
+    for alpha in (0.6, 0.7, 0.8, 0.9):
+        rates = Rates(kept=alpha * 1000, trials=1000)
+        g = best_gamma(profile, "sd", rates)
+        print(f"acceptance {alpha:.1f}: SD picks gamma {g}, ceiling SD/AR = {ceiling(profile, alpha, g):.2f}")
+    return 0

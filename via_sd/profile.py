@@ -1,0 +1,160 @@
+"""Measuring a pair's cost profile (via_sd.costs.CostProfile) on this machine, and caching it.
+
+    profile_for(pair)                 # from <cache>/profiles/, measured once when missing
+    profile_for(pair, refresh=True)   # measure again (python -m via_sd profile --refresh)
+
+Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
+and kernels), after a 200-token context, the fastest of three
+(other work on a shared machine only adds time), and a curve over rows is made non-decreasing. A profile is keyed by what changes it:
+the two models, the weights setting, the route, the device (CPU model or GPU name), the thread count
+and the torch version; a cached file whose key differs, or that does not parse, is measured again
+with a one-line warning, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import platform
+import itertools
+import threading
+
+import torch
+
+from .cached import CachedModel, Clock
+from .costs import MAX_ROWS, PROMPT_LENGTHS, CostProfile
+from .paths import cache_root
+from .routing import ProgressiveVerifier
+
+log = logging.getLogger("via_sd.profile")
+VERSION = 1
+CONTEXT = 200
+REPEATS = 3
+_lock = threading.Lock()
+
+
+def device_name(device) -> str:
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_key(pair) -> dict:
+    return {"version": VERSION, "drafter": pair.drafter_name, "verifier": pair.verifier_name,
+            "weights": pair.weights, "route": list(pair.route.skip), "device": str(pair.device),
+            "device_name": device_name(pair.device), "threads": torch.get_num_threads(), "torch": torch.__version__}
+
+
+def profile_path(key: dict):
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "profiles" / f"{digest}.json"
+
+
+def profile_for(pair, refresh: bool = False, progress=None) -> CostProfile:
+    """The pair's profile on this machine: cached, or measured now (and cached)."""
+    key = profile_key(pair)
+    path = profile_path(key)
+    with _lock:
+        if not refresh and path.exists():
+            try:
+                profile = CostProfile.from_dict(json.loads(path.read_text()))
+                if profile.key == key:
+                    return profile
+                log.warning("cost profile %s was measured for another setting: measuring again", path)
+            except (OSError, ValueError) as err:
+                log.warning("cost profile %s is unreadable (%s): measuring again", path, str(err)[:80])
+        profile = measure(pair, key, progress)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+            tmp.replace(path)
+        except OSError as err:  # a read-only cache: measure again next time
+            log.warning("could not cache the cost profile at %s: %s", path, err)
+        return profile
+
+
+def _best_ms(clock: Clock, fn, before=None, repeats: int = REPEATS) -> float:
+    """The fastest of `repeats` timings: other work on a shared machine only ever adds time."""
+    times = []
+    for _ in range(repeats):
+        if before is not None:
+            before()
+        start = clock.ms()
+        fn()
+        times.append(clock.ms() - start)
+    return min(times)
+
+
+def _non_decreasing(values) -> tuple:
+    """More rows never cost less: a dip is noise."""
+    return tuple(itertools.accumulate(values, max))
+
+
+@torch.inference_mode()
+def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
+    """Times every pass the cost model prices (about a minute for the embedded pair on 2 CPU cores)."""
+    clock, vocab = Clock(pair.device), pair.vocab_size
+    gen = torch.Generator().manual_seed(0)
+    seq = torch.randint(0, vocab, (CONTEXT + MAX_ROWS + max(PROMPT_LENGTHS),), generator=gen).tolist()
+    out = pair.drafter.device
+    steps = 3 * MAX_ROWS + 3 + 3 * len(PROMPT_LENGTHS)
+    done = [0]
+
+    def tick(what: str):
+        done[0] += 1
+        if progress is not None:
+            progress(f"measuring the cost profile: {what}", done[0] / steps)
+
+    def rows_curve(read, rollback, rows, name, before=None):
+        curve = []
+        for k in rows:
+            def prepare(k=k):
+                rollback(CONTEXT)
+                if before is not None:
+                    before(k)
+            curve.append(_best_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare))
+            tick(f"{name} over {k} rows")
+        return _non_decreasing(curve)
+
+    def cached(model):
+        m = CachedModel(model, vocab, out, out)
+        m.logits(seq, CONTEXT, 1)
+        m.logits(seq, CONTEXT + 1, 1)  # warm
+        m.rollback(CONTEXT)
+        return m
+
+    full, slim, drafter = cached(pair.verifier), cached(pair.slim), cached(pair.drafter)
+    verify_ms = rows_curve(full.logits, full.rollback, range(1, MAX_ROWS + 1), "full verifier")
+    slim_ms = rows_curve(slim.logits, slim.rollback, range(1, MAX_ROWS + 1), "slim verifier")
+    draft_ms = rows_curve(drafter.logits, drafter.rollback, range(1, 4), "drafter")
+    del full, slim, drafter
+
+    both = ProgressiveVerifier(pair.slim, vocab, out)
+    slim_view, full_view = both.view("slim"), both.view("full")
+    slim_view.logits(seq, CONTEXT, 1)
+    full_view.logits(seq, CONTEXT, 1)
+    resume_ms = rows_curve(full_view.logits, both.rollback, range(1, MAX_ROWS + 1), "full pass after a slim pass",
+                           before=lambda k: slim_view.logits(seq, CONTEXT + k, k))
+    del both, slim_view, full_view
+
+    prompt_ms = {}
+    for name, model in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
+        prompt_ms[name] = {}
+        for n in PROMPT_LENGTHS:
+            fresh = lambda: CachedModel(model, vocab, out, out)  # noqa: E731
+            holder = {}
+            prompt_ms[name][n] = _best_ms(clock, lambda: holder["m"].logits(seq, n, 1),
+                                          lambda: holder.update(m=fresh()), repeats=2)
+            tick(f"{name} reading a {n}-token prompt")
+        prompt_ms[name] = dict(zip(PROMPT_LENGTHS, _non_decreasing(prompt_ms[name][n] for n in PROMPT_LENGTHS)))
+    return CostProfile(verify_ms, slim_ms, resume_ms, draft_ms, prompt_ms, key or profile_key(pair))
