@@ -259,9 +259,15 @@ def test_what_if_with_own_thresholds_reproduces_the_recording(traces, method):
     assert est["new_tokens"] == trace.summary["new_tokens"]
     assert est["rejection_rate"] == pytest.approx(trace.summary["rejection_rate"])
     assert est["changed_rounds"] == 0 and est["guessed_decisions"] == 0
-    phases = sum(r["draft_ms"] + r["slim_ms"] + r["full_ms"] + r["other_ms"] for r in trace.rounds)
-    assert est["model_ms"] == pytest.approx(phases)
+    assert est["forced_rounds"] == est["recorded"]["forced_rounds"]
+    from via_sd.costs import CostProfile, price_calls
+
+    # the trace's own forwards priced with its own cost profile (the engine's cost model, one copy)
+    assert est["model_ms"] == pytest.approx(price_calls(CostProfile.from_dict(trace.costs), trace.rounds))
     assert est["speedup_vs_recorded"] == pytest.approx(1.0)
+    old = viz.what_if({**trace.to_dict(), "costs": {}}, trace.config["thresholds"])  # a trace from before profiles
+    phases = sum(r["draft_ms"] + r["slim_ms"] + r["full_ms"] + r["other_ms"] for r in trace.rounds)
+    assert old["model_ms"] == pytest.approx(phases) and old["tier_counts"] == trace.summary["tier_counts"]
 
 
 def test_what_if_accepts_thresholds_objects(traces, routed_via):
@@ -276,16 +282,22 @@ def test_what_if_accept_everything_calls_no_full_model(traces):
     from dataclasses import replace
 
     # a limit far away, so every draft becomes a tier-A token (the run's own limit caps the estimate)
-    trace = replace(traces["via"], config={**traces["via"].config, "max_new_tokens": 10**6})
+    trace = replace(traces["via"], config={**traces["via"].config, "max_new_tokens": 10**6, "max_unverified": 0})
     est = viz.what_if(trace, {"accept": 0.0, "escalate": 0.0})
     assert est["full_calls"] == 0 and est["tier_counts"]["full"] == 0
     assert est["tier_counts"]["draft"] == est["drafted"] == trace.summary["drafted"]
+    bounded = replace(trace, config={**trace.config, "max_unverified": 8})  # as the engine: forced rounds close tier A
+    forced = viz.what_if(bounded, {"accept": 0.0, "escalate": 0.0})
+    assert forced["forced_rounds"] > 0 and forced["tier_counts"]["slim"] > 0
     assert est["rejection_rate"] == 0.0
     assert est["thresholds"]["signal"] == "slim"  # a dict without signal keeps the trace's
-    costs = est["costs"]
-    assert est["model_ms"] == pytest.approx(
+    if trace.summary["full_calls"]:  # priced by the cost profile: dropping every full pass costs less
+        assert est["model_ms"] < est["recorded"]["model_ms"]
+    old = viz.what_if(replace(trace, costs={}), {"accept": 0.0, "escalate": 0.0})  # no profile: phase means
+    costs = old["costs"]
+    assert old["model_ms"] == pytest.approx(
         trace.summary["drafted"] * costs["draft_ms_per_candidate"]
-        + est["slim_calls"] * costs["slim_ms_per_call"] + len(trace.rounds) * costs["other_ms_per_round"])
+        + old["slim_calls"] * costs["slim_ms_per_call"] + len(trace.rounds) * costs["other_ms_per_round"])
 
 
 def test_what_if_escalating_everything_is_plain_sd_checks(traces):

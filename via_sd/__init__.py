@@ -2,18 +2,35 @@
 
     from via_sd import load_pair, generate, DecodeConfig, Thresholds, Trace
     pair = load_pair("embedded")
-    trace = generate(pair, "prompt", method="via", config=DecodeConfig(gamma=5))
+    trace = generate(pair, "prompt", method="via", config=DecodeConfig(gamma="auto"))
 
-The engine imports neither gradio nor plotly.
+The engine imports neither gradio nor plotly. The public names below load on first use, so the pure
+modules (`via_sd.plan`: the tier rule and the round plan; `via_sd.costs`: the cost model;
+`via_sd.trace_check`) can be imported without torch, by `viz` and by pages that never load a model.
 """
 
-from .decoding import METHODS, DecodeConfig, Event, generate, stream, stream_events
-from .models import PRESETS, ModelLoadError, ModelPair, load_pair, tiny_random_pair
-from .route_search import measure_route, pick_route, route_for, search_curve, search_route
-from .routing import Route, SlimVerifier
-from .tiers import THRESHOLD_PRESETS, Thresholds, tier_of
-from .trace import Trace
+from importlib import import_module
 
-__all__ = ["DecodeConfig", "Event", "METHODS", "ModelLoadError", "ModelPair", "PRESETS", "Route", "SlimVerifier",
-           "THRESHOLD_PRESETS", "Thresholds", "Trace", "generate", "load_pair", "measure_route", "pick_route",
-           "route_for", "search_curve", "search_route", "stream", "stream_events", "tier_of", "tiny_random_pair"]
+_PUBLIC = {
+    "decoding": ("METHODS", "Event", "generate", "stream", "stream_events"),
+    "config": ("DecodeConfig",),
+    "models": ("PRESETS", "ModelLoadError", "ModelPair", "load_pair", "tiny_random_pair"),
+    "route_search": ("measure_route", "pick_route", "route_for", "search_curve", "search_route"),
+    "routing": ("Route", "SlimVerifier"),
+    "plan": ("THRESHOLD_PRESETS", "Thresholds", "tier_of"),
+    "trace": ("Trace",),
+}
+_WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'via_sd' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from .costs import MAX_GAMMA
-from .tiers import Thresholds
+from .plan import Thresholds
 
 MAX_NEW_TOKENS = 4096
 MAX_FIXED_GAMMA = 64

@@ -23,38 +23,24 @@ the summary prices those forwards (`predicted_tokens_per_s`, next to the measure
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 
 from .cached import CachedModel, Clock, Reader
-from .config import AUTO, MAX_NEW_TOKENS, MIN_TEMPERATURE, DecodeConfig  # noqa: F401  (re-exported)
+from .config import DecodeConfig
 from .costs import Rates, best_gamma, predicted_tokens_per_s
 from .models import ModelPair
 from .plan import force_verification, plan_round
 from .routing import ProgressiveVerifier
 from .text import TokenText
-from .tiers import DRAFT, FULL, SLIM, logits_to_probs, pick, relative_confidence, tier_of, verify_draft
+from .plan import DRAFT, FULL, SLIM, tier_of
+from .tiers import logits_to_probs, pick, relative_confidence, verify_draft
+from .record import Round, candidates, record_round, until_eos
 from .trace import Tally, Trace
 
 METHODS = ("ar", "sd", "via")
-
-
-@dataclass
-class Round:
-    """What one verification step decided: every candidate, the emitted tokens, who ran, how long."""
-
-    gamma: int = 0  # drafts asked for (the drafter may stop early: draft_stop, the token budget)
-    candidates: list = field(default_factory=list)
-    emitted: list = field(default_factory=list)  # token dicts without i/text/round
-    kept_drafts: int = 0
-    slim_called: bool = False
-    full_called: bool = False
-    forced_by: str | None = None  # "max_unverified": tier A is closed this round
-    sorted_tiers: list = field(default_factory=list)  # the tier each draft was sorted into
-    phase_ms: dict = field(default_factory=lambda: {"draft": 0.0, "slim": 0.0, "full": 0.0})
-    calls: list = field(default_factory=list)  # every forward: {"model", "rows", "past", "resume"}
 
 
 class Decoder:
@@ -163,16 +149,6 @@ class Decoder:
         token = pick(q_row, self.config.greedy, self.generator)
         rnd.emitted.append({"id": token, "tier": tier, "outcome": "bonus", "p_draft": None, "q_slim": None,
                             "q_full": None, f"q_{tier}": float(q_row[token]), "confidence": None})
-
-
-def _candidates(drafts: list[int], p: torch.Tensor | None, tokenizer) -> list[dict]:
-    """One record per drafted token; "pending" until a tier decides it."""
-    if not drafts:
-        return []
-    p_draft = p[torch.arange(len(drafts)), torch.tensor(drafts, device=p.device)].tolist()
-    return [{"pos": i, "token": t, "text": tokenizer.decode([t]), "p_draft": pd, "q_slim": None, "q_full": None,
-             "slim_top": None, "full_top": None, "confidence": None, "tier": None, "decision": "pending"}
-            for i, (t, pd) in enumerate(zip(drafts, p_draft))]
 
 
 # Each verify_* decides the round's drafts and yields after each group of decisions (for live views).
@@ -319,7 +295,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
             rnd.forced_by = "max_unverified"
         lag = len(seq) - dec.full.seen  # tokens the full verifier has yet to catch up on
         drafts, p = dec.draft(seq, rnd.gamma, rnd)
-        rnd.candidates = _candidates(drafts, p, pair.tokenizer)
+        rnd.candidates = candidates(drafts, p, pair.tokenizer)
         steps = verify(dec, seq, drafts, p, rnd)
         if drafts:
             handed_over = clock.ms()
@@ -330,7 +306,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
             yield Event("decided", k, trace, [dict(c) for c in rnd.candidates])
             held += clock.ms() - handed_over
         paused += held
-        emitted = _until_eos(rnd.emitted[:remaining], eos)
+        emitted = until_eos(rnd.emitted[:remaining], eos)
         valid = len(seq) + min(rnd.kept_drafts, len(emitted))  # what every cache may keep
         for model in (dec.drafter, dec.slim, dec.full):
             model.rollback(valid)
@@ -341,7 +317,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         rnd.calls = list(dec.calls)
         dec.calls.clear()
         dec.learn(rnd, lag)
-        _record_round(trace, rnd, emitted, text, tally, round_at, clock.ms() - round_start - held)
+        record_round(trace, rnd, emitted, text, tally, round_at, clock.ms() - round_start - held)
         trace.token_ids, trace.text = seq[len(prompt_ids):], text.text
         if len(emitted) >= remaining or emitted[-1]["id"] in eos:
             break
@@ -365,35 +341,6 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
     for event in stream_events(pair, prompt, method, config, stop=stop):
         if event.kind == "round":
             yield event.trace
-
-
-def _until_eos(emitted: list[dict], eos: set[int]) -> list[dict]:
-    for n, tok in enumerate(emitted):
-        if tok["id"] in eos:
-            return emitted[: n + 1]
-    return emitted
-
-
-def _record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText, tally: Tally, start_ms: float,
-                  total_ms: float) -> None:
-    k = len(trace.rounds)
-    new = []
-    for tok in emitted:
-        new.append({"i": len(trace.tokens), "id": tok["id"], "text": "", "round": k,
-                    **{f: tok[f] for f in ("tier", "outcome", "p_draft", "q_slim", "q_full", "confidence")}})
-        trace.tokens.append(new[-1])
-        for i, piece in text.add(tok["id"]).items():
-            trace.tokens[i]["text"] = piece
-    for c, tier in zip(rnd.candidates, rnd.sorted_tiers):
-        if c["decision"] == "pending":  # after a replacement
-            c["decision"], c["tier"] = "discarded", c["tier"] or tier
-    ph = rnd.phase_ms
-    trace.rounds.append({"round": k, "gamma": rnd.gamma, "start_ms": start_ms, "draft_ms": ph["draft"],
-                         "slim_ms": ph["slim"],
-                         "full_ms": ph["full"], "other_ms": max(total_ms - sum(ph.values()), 0.0),
-                         "full_called": rnd.full_called, "slim_called": rnd.slim_called,
-                         "forced_by": rnd.forced_by, "calls": rnd.calls, "candidates": rnd.candidates})
-    tally.add(trace.rounds[-1], new)
 
 
 def generate(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,

@@ -1,4 +1,7 @@
-"""The round plan: given the tier each draft was sorted into, which verifier reads which positions and
+"""The tier rule and the round plan, in plain Python (no torch: viz and the what-if use them too).
+
+`tier_of` sorts one draft into a tier from its confidence; a change to how VIA-SD sorts draft tokens
+touches it and nothing else. `plan_round`: given the tier each draft was sorted into, which verifier reads which positions and
 who decides each draft. One pure function (no torch), used by the engine running a round
 (decoding.verify_via), by the what-if replaying a recorded round under other thresholds
 (via_sd.replay) and by every count of verifier calls made from a trace.
@@ -23,6 +26,84 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DRAFT, SLIM, FULL = "draft", "slim", "full"
+TIERS = (DRAFT, SLIM, FULL)
+SIGNALS = ("slim", "draft")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """VIA-SD's two confidence thresholds, `0 <= escalate <= accept <= 1`.
+
+    `signal` says whose confidence sorts a draft token into a tier:
+    "slim"  -> r = q'(x) / max_v q'(v), the slim verifier's relative confidence (the paper's rule;
+               the slim pass runs every round);
+    "draft" -> r = p(x), the drafter's own probability (tier A then needs no verifier).
+    A threshold of 1 admits nothing: accept=1 sends no draft to tier A, and accept=escalate=1
+    sends every draft to tier C, which is plain speculative decoding (lossless).
+    The defaults are the paper preset (THRESHOLD_PRESETS["paper"]).
+    """
+
+    accept: float = 0.5
+    escalate: float = 0.3
+    signal: str = "slim"
+
+    def __post_init__(self):
+        if self.signal not in SIGNALS:
+            raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
+        for name in ("accept", "escalate"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise ValueError(f"threshold {name}={value!r} must be a number in [0, 1] (not a bool)")
+        if self.escalate > self.accept:
+            raise ValueError(
+                f"thresholds out of order: escalate={self.escalate} is above accept={self.accept}; "
+                "need 0 <= escalate <= accept <= 1"
+            )
+
+    @classmethod
+    def preset(cls, name: str) -> "Thresholds":
+        """A named setting: "paper" (the paper's rule), "fastest" (measured), "lossless" (plain SD)."""
+        if name not in THRESHOLD_PRESETS:
+            raise ValueError(f"unknown threshold preset {name!r}: use one of {', '.join(THRESHOLD_PRESETS)}")
+        return THRESHOLD_PRESETS[name]
+
+    @property
+    def fixed_tier(self) -> str | None:
+        """The tier of every draft when the thresholds alone decide it (then no signal is needed)."""
+        if self.escalate >= 1.0:
+            return FULL
+        if self.accept <= 0.0:
+            return DRAFT
+        return None
+
+    def to_dict(self) -> dict:
+        return {"accept": float(self.accept), "escalate": float(self.escalate), "signal": self.signal}
+
+
+# Picked by a measured sweep on the embedded pair (int4 weights, route embedded-default, gamma 5, 32 tokens,
+# the held-out prompts; command and table in BENCHMARKS.md, scripts/preset_sweep.py):
+# paper    = the slim signal, fastest slim-signal point with every tier >= 5% (0.80-0.87x plain SD, agreement
+#            0.89; tiers 74/12/14%); these are also the thresholds both public reimplementations use. On this
+#            1.5B CPU verifier a slim pass costs ~0.85 of a full one, so the paper's rule cannot beat SD here.
+# fastest  = the fastest point at >= 0.95 full-model agreement: the draft signal, no tier B
+#            (1.03-1.12x plain SD, agreement 0.97);
+# lossless = every draft to tier C (equals plain SD token for token).
+THRESHOLD_PRESETS: dict[str, Thresholds] = {
+    "paper": Thresholds(accept=0.5, escalate=0.3, signal="slim"),
+    "fastest": Thresholds(accept=0.6, escalate=0.6, signal="draft"),
+    "lossless": Thresholds(accept=1.0, escalate=1.0, signal="draft"),
+}
+
+
+def tier_of(confidence: float, thresholds: Thresholds) -> str:
+    """Tier A (`draft`) if r >= accept, tier B (`slim`) if escalate <= r < accept, else tier C (`full`);
+    a threshold of 1 admits nothing, so accept = escalate = 1 is plain SD."""
+    if confidence >= thresholds.accept and thresholds.accept < 1.0:
+        return DRAFT
+    if confidence >= thresholds.escalate and thresholds.escalate < 1.0:
+        return SLIM
+    return FULL
+
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     full_view.logits(seq, CONTEXT, 1)
     resume_ms = rows_curve(full_view.logits, both.rollback, range(1, MAX_ROWS + 1), "full pass after a slim pass",
                            before=lambda k: slim_view.logits(seq, CONTEXT + k, k))
-    del both, slim_view, full_view
+
 
     prompt_ms = {}
     for name, model in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):

@@ -8,9 +8,10 @@ calls and rejection rate exactly.
 
 How a round is replayed
 -----------------------
-1. Tiers. Each candidate's confidence r is compared with the new thresholds (the tier rule of
-   `via_sd.tiers.tier_of`); once a candidate falls into tier C, the full model checks it and every
-   later draft of the round (they are tier C too).
+1. Tiers and the round plan. Each candidate's confidence r is sorted by the engine's own tier rule
+   (`via_sd.plan.tier_of`); a forced round (the run's `max_unverified` reached, counted over the
+   replayed tokens as the engine counts them) closes tier A; then the engine's own round plan
+   (`via_sd.plan.plan_round`) says who decides each draft and which verifier passes run.
    r comes from the recording: with the same signal, the recorded `confidence`; switching to
    signal "draft", r = `p_draft` (exact); switching a draft-signal trace to signal "slim", r =
    q'(x)/max q' is unknown, so `q_slim` (a lower bound of r) stands in where the slim verifier
@@ -29,26 +30,28 @@ How a round is replayed
    c-e are guesses and are counted in "guessed_decisions".
    While every decision of a round matches the recording, the round also stops where the
    recording stopped (a recorded "discarded" candidate: replacement, end of text or token budget).
-3. Verifier calls and emitted tokens. The full model runs when a tier-C draft is reached; the slim
-   verifier runs every round with signal "slim", and with signal "draft" only when a tier-B draft
-   comes before the first tier-C one. One token per reached candidate with its tier, plus a bonus
-   token when every draft was kept (tier "full" if the full model ran, else "slim" if the slim
-   verifier ran; none when no verifier ran). A round whose replay matches the recording
-   contributes its recorded tokens unchanged (so end of text and the token budget are respected).
+3. Verifier calls and emitted tokens, as the plan says: the slim pass runs when the plan has one;
+   the full pass when the plan has one and no replacement came before it. One token per reached
+   candidate with the tier that decided it, plus the plan's bonus token when every draft was kept.
+   A round whose replay matches the recording contributes its recorded tokens unchanged (so end of
+   text and the token budget are respected).
 4. Rounds are replayed independently over the *recorded* drafts: in a real run, a round that ends
    differently changes the context (and the drafts) of every later round. The estimate ignores
    that; it answers "with these thresholds, how would these drafts have been handled?".
-5. Time (cost model): drafter `draft_ms / candidate` (mean over the trace) per drafted candidate,
-   + mean `slim_ms` of the rounds that called the slim verifier, per slim call,
-   + mean `full_ms` of the rounds that called the full model, per full call,
-   + mean `other_ms` per round. With the own thresholds this sums to the recorded phase times.
-   The estimated tokens/s scales the measured tokens/s by the model's speed-up over the recording.
-   The full model's cost per call ignores how many tokens it catches up on.
+5. Time: with the trace's cost profile (`trace.costs`, every trace since the cost model), each
+   replayed pass is priced by the engine's cost model (`via_sd.costs`) for the rows it reads,
+   catch-up included (each verifier's lag is followed round by round); traces without a profile
+   fall back to the recorded per-phase means (drafter per candidate, slim / full per call, other
+   per round). The estimated tokens/s scales the measured tokens/s by the model's speed-up over
+   the recording, replayed the same way.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from via_sd.costs import CostProfile, call_ms
+from via_sd.plan import Thresholds, force_verification, plan_round, tier_of
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
@@ -56,15 +59,6 @@ from .tokens import token_label
 
 ESTIMATE_LABEL = "estimate: recorded drafts re-tiered under new thresholds (not re-run)"
 TIERS = ("draft", "slim", "full")
-
-
-def tier_of(r: float, th: dict) -> str:
-    """Same rule as `via_sd.tiers.tier_of` (kept here so viz needs no torch); a threshold of 1 admits nothing."""
-    if r >= th["accept"] and th["accept"] < 1.0:
-        return "draft"
-    if r >= th["escalate"] and th["escalate"] < 1.0:
-        return "slim"
-    return "full"
 
 
 def _confidence(c: dict, new_signal: str, rec_signal: str) -> tuple[float, bool]:
@@ -132,6 +126,69 @@ def phase_costs(trace: Any) -> dict:
     return costs
 
 
+def _profile(trace) -> CostProfile | None:
+    try:
+        return CostProfile.from_dict(trace.costs) if getattr(trace, "costs", None) else None
+    except ValueError:
+        return None
+
+
+def _passes(plan, full_called: bool, slim_called: bool) -> dict:
+    """The verifier passes a replayed round runs: {verifier: (start, stop)}."""
+    out = {}
+    if slim_called:
+        out["slim"] = plan.slim
+    if full_called:
+        out["full"] = plan.full
+    return out
+
+
+class Lanes:
+    """Follows how far each model's cache has read, round by round, so each replayed pass is priced for the
+    rows it really reads (a verifier that skipped rounds catches up on them)."""
+
+    def __init__(self, prompt: int):
+        self.length, self.prompt = prompt, prompt
+        self.seen = {"drafter": 0, "slim": 0, "full": 0}
+
+    def round_ms(self, profile, cost, n: int, gamma, slim: bool, full: bool, passes, kept: int, emitted: int) -> float:
+        """`passes`: {verifier: (start, stop)}, or a recorded round (its own `calls` are priced as they are)."""
+        if profile is None:  # no cost profile in the trace: the recorded per-phase means
+            ms = n * cost["draft_ms_per_candidate"] + cost["other_ms_per_round"]
+            for phase, called in (("slim", slim), ("full", full)):
+                if called and cost[f"{phase}_ms_per_call"] is not None:
+                    ms += cost[f"{phase}_ms_per_call"]
+            return ms
+        if isinstance(passes, dict) and "calls" in passes:
+            ms = sum(call_ms(profile, c) for c in passes["calls"])
+            for c in passes["calls"]:
+                self.seen[c["model"]] = c.get("past", 0) + c["rows"]
+        else:
+            ms = 0.0
+            if n:
+                ms += self._read(profile, "drafter", self.length, resume=False)
+                ms += (n - 1) * profile.draft(1)
+                self.seen["drafter"] = self.length + n - 1
+            for model in ("slim", "full"):
+                if model in passes:
+                    start, stop = passes[model]
+                    self.seen[model] = min(self.seen[model], self.length + start - 1)
+                    ms += self._read(profile, model, self.length + stop, resume=model == "full" and "slim" in passes)
+        valid = self.length + min(kept, emitted)
+        self.seen = {m: min(s, valid) for m, s in self.seen.items()}
+        self.length += emitted
+        return ms
+
+    def _read(self, profile, model: str, upto: int, resume: bool) -> float:
+        seen, ms = self.seen[model], 0.0
+        if seen < self.prompt < upto:  # the prompt is read in a call of its own (via_sd.cached.Reader)
+            ms += call_ms(profile, {"model": model, "rows": self.prompt - seen, "past": seen, "resume": resume})
+            seen = self.prompt
+        ms += call_ms(profile, {"model": model, "rows": upto - seen, "past": seen, "resume": resume})
+        self.seen[model] = upto
+        return ms
+
+
 def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
     """Estimate what a VIA-SD trace would have looked like under other `thresholds`.
 
@@ -186,7 +243,7 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
     limit = (trace.config or {}).get("max_new_tokens")  # the run stops there, so the estimate does too
     limit = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
     capped = 0  # rounds the estimate drops or cuts because the token limit was reached
-    est = {"tokens": 0, "kept": 0, "full": 0, "slim": 0, "ms": 0.0}
+    est = {"tokens": 0, "kept": 0, "full": 0, "slim": 0, "forced": 0, "ms": 0.0}
     rec = {"ms": 0.0}
     missing_cost = {"slim": False, "full": False}
     changed = guessed = approx = 0
@@ -202,68 +259,83 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
                     ms += cost[f"{phase}_ms_per_call"]
         return ms
 
+    rule = Thresholds(**new_th)
+    slim_sorts = new_signal == "slim" and rule.fixed_tier is None
+    cfg = trace.config or {}
+    max_unverified = cfg.get("max_unverified") or 0
+    profile = _profile(trace)
+    priced = {"rec": Lanes(trace.summary.get("prompt_tokens", 0)), "est": Lanes(trace.summary.get("prompt_tokens", 0))}
+    unverified = 0  # as the engine counts it: tier-A tokens since a verifier last checked one
     for rnd in trace.rounds:
         cands = rnd.get("candidates", [])
         ended = False
         matches = True  # every decision so far equals the recording
-        reached: list[str] = []
         rows = []
         scored = [_confidence(c, new_signal, rec_signal) for c in cands]
         approx += sum(not exact for _, exact in scored)
-        r_tiers = [tier_of(r, new_th) for r, _ in scored]
-        first_full = r_tiers.index("full") if "full" in r_tiers else len(cands)
+        tiers = [rule.fixed_tier or tier_of(r, rule) for r, _ in scored]
+        forced = bool(max_unverified) and unverified >= max_unverified
+        if forced:
+            tiers = force_verification(tiers)
+        plan = plan_round(tiers, slim_sorts)
+        full_from = plan.full[0] if plan.full else len(cands)
         for k, c in enumerate(cands):
-            r = scored[k][0]
-            tier = "full" if k >= first_full else r_tiers[k]
+            tier = plan.decide[k]
             if ended or (matches and c.get("decision") == "discarded"):
                 ended = True
                 decision, was_guess = "discarded", False
             else:
                 decision, was_guess = _decide(c, tier, greedy, rec_signal)
                 guessed += was_guess
-                reached.append(tier)
                 if decision == "replaced":
                     ended = True
             matches = matches and decision == c.get("decision") and (decision == "discarded" or tier == c.get("tier"))
-            rows.append(dict(round=rnd.get("round"), pos=c.get("pos"), text=c.get("text", ""), confidence=r,
-                             tier=tier, decision=decision, guessed=was_guess,
+            rows.append(dict(round=rnd.get("round"), pos=c.get("pos"), text=c.get("text", ""), confidence=scored[k][0],
+                             tier=tier, sorted_tier=tiers[k], decision=decision, guessed=was_guess,
                              recorded_tier=c.get("tier"), recorded_decision=c.get("decision")))
         out_cands.extend(rows)
         rec_slim = bool(rnd.get("slim_called", (rnd.get("slim_ms") or 0) > 0))
         rec_full = bool(rnd.get("full_called"))
-        rec["ms"] += round_ms(len(cands), rec_slim, rec_full)
+        replaced_at = next((k for k, row in enumerate(rows) if row["decision"] == "replaced"), None)
+        slim_called = plan.slim is not None and (plan.slim_sorts or replaced_at is None or replaced_at >= plan.slim[0])
+        full_called = plan.full is not None and (replaced_at is None or replaced_at >= full_from)
         est["kept"] += sum(row["decision"] in KEPT_DECISIONS for row in rows)
 
-        if matches:
-            emitted = [(t.get("tier"), token_label(t, "via")) for t in tokens_by_round.get(rnd.get("round"), [])]
-            slim_called, full_called = rec_slim, rec_full
+        recorded = [(t.get("tier"), token_label(t, "via"), t.get("outcome")) for t in tokens_by_round.get(rnd.get("round"), [])]
+        rec_kept = sum(c.get("decision") in KEPT_DECISIONS for c in cands)
+        rec["ms"] += priced["rec"].round_ms(profile, cost, len(cands), rnd.get("gamma"), rec_slim, rec_full, rnd, rec_kept,
+                                            len(recorded))
+        if matches and (slim_called, full_called) == (rec_slim, rec_full):
+            emitted = recorded
         else:
             changed += 1
-            full_called = "full" in reached
-            all_kept = not ended
-            # signal "slim" scores every round; signal "draft" runs the slim pass only for a tier-B
-            # draft before the first tier-C one
-            slim_called = bool(cands) and (new_signal == "slim" or "slim" in r_tiers[:first_full])
             emitted = []
             for row in rows:
                 if row["decision"] == "discarded":
                     break
                 fake = {"tier": row["tier"], "outcome": "replaced" if row["decision"] == "replaced" else "kept"}
-                emitted.append((row["tier"], token_label(fake, "via")))
-            if all_kept and (full_called or slim_called):  # no verifier ran -> no bonus token
-                emitted.append(("full" if full_called else "slim", P.BONUS))
+                emitted.append((row["tier"], token_label(fake, "via"), fake["outcome"]))
+            if not ended and plan.bonus and (plan.bonus != "full" or full_called):
+                emitted.append((plan.bonus, P.BONUS, "bonus"))
         if limit is not None and est["tokens"] + len(emitted) > limit:
             capped += 1
             emitted = emitted[:limit - est["tokens"]]
             if not emitted:  # the run would have ended before this round
                 continue
-        for tier, label in emitted:
+        for tier, label, outcome in emitted:
             tier_counts[tier] = tier_counts.get(tier, 0) + 1
             label_counts[label] = label_counts.get(label, 0) + 1
+            if outcome != "bonus" or tier == "full":  # the engine's max_unverified count
+                unverified = unverified + 1 if tier == "draft" else 0
+        kept_now = sum(row["decision"] in KEPT_DECISIONS for row in rows)
         est["tokens"] += len(emitted)
         est["full"] += full_called
         est["slim"] += slim_called
-        est["ms"] += round_ms(len(cands), slim_called, full_called)
+        est["forced"] += forced
+        same = emitted is recorded and "calls" in rnd  # priced as recorded, forward by forward
+        est["ms"] += priced["est"].round_ms(profile, cost, len(cands), rnd.get("gamma"), slim_called, full_called,
+                                            rnd if same else _passes(plan, full_called, slim_called), kept_now,
+                                            len(emitted))
 
     for phase, missing in missing_cost.items():
         if missing:
@@ -306,6 +378,7 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
         "full_calls": est["full"],
         "full_calls_per_token": est["full"] / est["tokens"] if est["tokens"] else 0.0,
         "slim_calls": est["slim"],
+        "forced_rounds": est["forced"],
         "model_ms": est["ms"],
         "ms_per_token": est["ms"] / est["tokens"] if est["tokens"] else None,
         "tokens_per_s": measured_tps * speedup if is_number(measured_tps) and speedup else None,
@@ -317,6 +390,7 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
             "rejection_rate": 1.0 - rec_kept / drafted if drafted else 0.0,
             "full_calls": sum(bool(r.get("full_called")) for r in trace.rounds),
             "slim_calls": sum(bool(r.get("slim_called", (r.get("slim_ms") or 0) > 0)) for r in trace.rounds),
+            "forced_rounds": sum(bool(r.get("forced_by")) for r in trace.rounds),
             "model_ms": rec["ms"],
             "ms_per_token": rec["ms"] / rec_tokens if rec_tokens else None,
             "tokens_per_s": measured_tps,
