@@ -169,7 +169,8 @@ class _Recording:
         return self.slim(input_ids=input_ids, **kwargs)
 
 
-def test_call_lengths_rebuilt_from_a_trace_are_what_the_models_were_fed(pair):
+def test_call_lengths_recorded_in_a_trace_are_what_the_models_were_fed(pair):
+    assert pair.costs  # measured (or read) before the hooks go on: the profile's own passes are not a run's
     fed = {"drafter": [], "slim": [], "full": []}
     hooks = [pair.drafter.register_forward_pre_hook(lambda m, a, kw: fed["drafter"].append(kw["input_ids"].shape[1]),
                                                     with_kwargs=True),

@@ -24,7 +24,7 @@ Python API (the app uses it for small sweeps):
     print(markdown(result)); print(markdown_sweep(sweep))
 """
 
-from .calls import MODELS, PHASES, call_lengths, forward_calls, prefilled_models, trace_record
+from .calls import MODELS, PHASES, call_lengths, forward_calls, trace_record
 from .hf import generate_hf
 from .inputs import DEFAULT_PROMPTS, as_prompts, load_prompts, parse_grid, parse_values
 from .metrics import FIDELITY_TARGET, analysis, metrics, paired_ratios, summarize_bench, targets
@@ -36,5 +36,5 @@ from .sweep import pareto, run_sweep
 __all__ = ["BENCH_METHODS", "DEFAULT_PROMPTS", "FIDELITY_TARGET", "MODELS", "NAMES", "PHASES", "SCHEMA", "analysis",
            "as_prompts", "call_lengths", "forward_calls", "generate_hf", "load_prompts", "machine_info", "markdown",
            "markdown_sweep", "metrics", "paired_ratios", "pareto", "parse_grid", "parse_values", "peak_memory",
-           "prefilled_models", "project", "run_bench", "run_once", "run_sweep", "score_runs", "summarize_bench",
+           "project", "run_bench", "run_once", "run_sweep", "score_runs", "summarize_bench",
            "targets", "trace_record"]

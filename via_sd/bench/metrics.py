@@ -59,6 +59,11 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
         "tokens_per_s": median([r["tokens_per_s"] for r in group]),
         "tokens_per_s_runs": [r["tokens_per_s"] for r in group],
         "decode_tokens_per_s": median([r.get("decode_tokens_per_s") for r in group]),
+        # the cost model's price of each run's recorded forwards, next to the engine's measured decode rate
+        "predicted_tokens_per_s": median([r.get("predicted_tokens_per_s") for r in group]),
+        "prediction_error": median([r["predicted_tokens_per_s"] / r["decode_tokens_per_s"] - 1.0 for r in group
+                                    if r.get("predicted_tokens_per_s") and r.get("decode_tokens_per_s")]),
+        "gamma_mean": median([r.get("gamma_mean") for r in group]),
         "speedup_vs_ar": median_ratio(context, name, ar, label) if ar else None,
         "speedup_vs_sd": median_ratio(context, name, sd, label) if sd else None,
         "new_tokens": sum(r["new_tokens"] for r in group),

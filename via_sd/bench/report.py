@@ -59,16 +59,19 @@ def markdown(result: dict) -> str:
               f"{th['accept']} / escalate {th['escalate']} (signal {th['signal']}), {len(result['prompts'])} "
               f"prompt(s) × {result['repeats']} repeat(s); medians, speed-ups from paired runs; peak memory: "
               f"{s[methods[0]]['all']['peak_memory_kind']}.", "",
-              "| method | tokens/s | × AR | × SD | accepted length | rejection rate (paper: tier A kept) | "
+              "| method | tokens/s | × AR | × SD | decode tokens/s: measured / predicted (error) | mean gamma | "
+              "accepted length | rejection rate (paper: tier A kept) | "
               "verified rejection rate | unverified share | full calls / token | "
               "tiers draft/slim/full | agreement | Δ log-prob vs AR | same output as AR | peak memory (MiB) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for m in methods:
         a = s[m]["all"]
         tiers = "/".join(f"{100 * a['tier_shares'][t]:.0f}%" for t in ("draft", "slim", "full")) \
             if a["tier_shares"] else "–"
         lines.append(f"| {NAMES[m]} | {_f(a['tokens_per_s'])} | {_f(a['speedup_vs_ar'], '{:.2f}×')} | "
-                     f"{_f(a['speedup_vs_sd'], '{:.2f}×')} | {_f(a['mean_accepted_length'])} | "
+                     f"{_f(a['speedup_vs_sd'], '{:.2f}×')} | {_f(a.get('decode_tokens_per_s'))} / "
+                     f"{_f(a.get('predicted_tokens_per_s'))} ({_f(a.get('prediction_error'), '{:+.0%}')}) | "
+                     f"{_f(a.get('gamma_mean'), '{:.1f}')} | {_f(a['mean_accepted_length'])} | "
                      f"{_f(a['rejection_rate'])} | {_f(a.get('verified_rejection_rate'))} | "
                      f"{_f(a.get('unverified_share'))} | {_f(a['full_calls_per_token'])} | {tiers} | "
                      f"{_f(a['agreement'], '{:.3f}')} | {_f(a['logprob_delta_vs_ar'], '{:+.3f}')} | "
