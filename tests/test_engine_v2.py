@@ -398,7 +398,10 @@ def test_the_full_verifier_reads_the_prompt_alone_then_extends_its_cache_like_st
                      {"model": "full", "rows": 5, "past": prompt, "resume": False}]
     steps_model = CachedModel(pair.verifier, vocab, "cpu", "cpu")
     steps = torch.cat([steps_model.logits(seq, n, 1) for n in range(prompt, len(seq) + 1)])
-    assert torch.equal(batch, steps)  # int4 with row attention: bit for bit
+    # to fp32 rounding, not bit for bit: this tiny pair's 98-token head cannot be int4 (rows must be a multiple
+    # of 16) and stays an fp32 matmul whose rounding depends on the batch; tests/test_exact.py checks bit for
+    # bit on models that are int4 throughout
+    assert torch.allclose(batch, steps, atol=1e-5) and torch.equal(batch.argmax(-1), steps.argmax(-1))
     fed.clear()
     later = Reader(CachedModel(forward, vocab, "cpu", "cpu"), "full", prompt, [])
     assert later.logits(seq, len(seq), 2).shape == (2, vocab) and fed == [prompt, 5]  # no prompt position asked
