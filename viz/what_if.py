@@ -50,12 +50,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from via_sd.costs import CostProfile, call_ms
 from via_sd.plan import Thresholds, force_verification, plan_round, tier_of
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
 from .tokens import token_label
+from .what_if_cost import Lanes, passes_run, trace_profile
 
 ESTIMATE_LABEL = "estimate: recorded drafts re-tiered under new thresholds (not re-run)"
 TIERS = ("draft", "slim", "full")
@@ -124,69 +124,6 @@ def phase_costs(trace: Any) -> dict:
         "other_ms_per_round": _mean([float(r.get("other_ms") or 0.0) for r in rounds]) or 0.0,
     }
     return costs
-
-
-def _profile(trace) -> CostProfile | None:
-    try:
-        return CostProfile.from_dict(trace.costs) if getattr(trace, "costs", None) else None
-    except ValueError:
-        return None
-
-
-def _passes(plan, full_called: bool, slim_called: bool) -> dict:
-    """The verifier passes a replayed round runs: {verifier: (start, stop)}."""
-    out = {}
-    if slim_called:
-        out["slim"] = plan.slim
-    if full_called:
-        out["full"] = plan.full
-    return out
-
-
-class Lanes:
-    """Follows how far each model's cache has read, round by round, so each replayed pass is priced for the
-    rows it really reads (a verifier that skipped rounds catches up on them)."""
-
-    def __init__(self, prompt: int):
-        self.length, self.prompt = prompt, prompt
-        self.seen = {"drafter": 0, "slim": 0, "full": 0}
-
-    def round_ms(self, profile, cost, n: int, gamma, slim: bool, full: bool, passes, kept: int, emitted: int) -> float:
-        """`passes`: {verifier: (start, stop)}, or a recorded round (its own `calls` are priced as they are)."""
-        if profile is None:  # no cost profile in the trace: the recorded per-phase means
-            ms = n * cost["draft_ms_per_candidate"] + cost["other_ms_per_round"]
-            for phase, called in (("slim", slim), ("full", full)):
-                if called and cost[f"{phase}_ms_per_call"] is not None:
-                    ms += cost[f"{phase}_ms_per_call"]
-            return ms
-        if isinstance(passes, dict) and "calls" in passes:
-            ms = sum(call_ms(profile, c) for c in passes["calls"])
-            for c in passes["calls"]:
-                self.seen[c["model"]] = c.get("past", 0) + c["rows"]
-        else:
-            ms = 0.0
-            if n:
-                ms += self._read(profile, "drafter", self.length, resume=False)
-                ms += (n - 1) * profile.draft(1)
-                self.seen["drafter"] = self.length + n - 1
-            for model in ("slim", "full"):
-                if model in passes:
-                    start, stop = passes[model]
-                    self.seen[model] = min(self.seen[model], self.length + start - 1)
-                    ms += self._read(profile, model, self.length + stop, resume=model == "full" and "slim" in passes)
-        valid = self.length + min(kept, emitted)
-        self.seen = {m: min(s, valid) for m, s in self.seen.items()}
-        self.length += emitted
-        return ms
-
-    def _read(self, profile, model: str, upto: int, resume: bool) -> float:
-        seen, ms = self.seen[model], 0.0
-        if seen < self.prompt < upto:  # the prompt is read in a call of its own (via_sd.cached.Reader)
-            ms += call_ms(profile, {"model": model, "rows": self.prompt - seen, "past": seen, "resume": resume})
-            seen = self.prompt
-        ms += call_ms(profile, {"model": model, "rows": upto - seen, "past": seen, "resume": resume})
-        self.seen[model] = upto
-        return ms
 
 
 def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
@@ -263,7 +200,7 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
     slim_sorts = new_signal == "slim" and rule.fixed_tier is None
     cfg = trace.config or {}
     max_unverified = cfg.get("max_unverified") or 0
-    profile = _profile(trace)
+    profile = trace_profile(trace)
     priced = {"rec": Lanes(trace.summary.get("prompt_tokens", 0)), "est": Lanes(trace.summary.get("prompt_tokens", 0))}
     unverified = 0  # as the engine counts it: tier-A tokens since a verifier last checked one
     for rnd in trace.rounds:
@@ -334,7 +271,7 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
         est["forced"] += forced
         same = emitted is recorded and "calls" in rnd  # priced as recorded, forward by forward
         est["ms"] += priced["est"].round_ms(profile, cost, len(cands), rnd.get("gamma"), slim_called, full_called,
-                                            rnd if same else _passes(plan, full_called, slim_called), kept_now,
+                                            rnd if same else passes_run(plan, full_called, slim_called), kept_now,
                                             len(emitted))
 
     for phase, missing in missing_cost.items():
