@@ -4,7 +4,8 @@
     profile_for(pair, refresh=True)   # measure again (python -m via_sd profile --refresh)
 
 Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
-and kernels), after a 200-token context, the fastest of three
+and kernels), after a 200-token context, at 12 row counts (the
+others interpolated), the fastest of two
 (other work on a shared machine only adds time), and a curve over rows is made non-decreasing. A profile is keyed by what changes it:
 the two models, the weights setting, the route, the device (CPU model or GPU name), the thread count
 and the torch version; a cached file whose key differs, or that does not parse, is measured again
@@ -28,9 +29,11 @@ from .paths import cache_root
 from .routing import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.profile")
-VERSION = 1
+VERSION = 2
 CONTEXT = 200
-REPEATS = 3
+REPEATS = 2
+# rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
+ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
 
 
@@ -95,6 +98,17 @@ def _best_ms(clock: Clock, fn, before=None, repeats: int = REPEATS) -> float:
     return min(times)
 
 
+def _fill(measured: dict[int, float], rows: int) -> list[float]:
+    """ms for k = 1..rows, linear between the measured k."""
+    known = sorted(measured)
+    out = []
+    for k in range(1, rows + 1):
+        lo = max(x for x in known if x <= k)
+        hi = min(x for x in known if x >= k)
+        out.append(measured[lo] if hi == lo else measured[lo] + (measured[hi] - measured[lo]) * (k - lo) / (hi - lo))
+    return out
+
+
 def _non_decreasing(values) -> tuple:
     """More rows never cost less: a dip is noise."""
     return tuple(itertools.accumulate(values, max))
@@ -107,7 +121,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     gen = torch.Generator().manual_seed(0)
     seq = torch.randint(0, vocab, (CONTEXT + MAX_ROWS + max(PROMPT_LENGTHS),), generator=gen).tolist()
     out = pair.drafter.device
-    steps = 3 * MAX_ROWS + 3 + 3 * len(PROMPT_LENGTHS)
+    steps = 3 * len(ROWS) + 3 + 3 * len(PROMPT_LENGTHS)
     done = [0]
 
     def tick(what: str):
@@ -116,15 +130,15 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
             progress(f"measuring the cost profile: {what}", done[0] / steps)
 
     def rows_curve(read, rollback, rows, name, before=None):
-        curve = []
+        curve = {}
         for k in rows:
             def prepare(k=k):
                 rollback(CONTEXT)
                 if before is not None:
                     before(k)
-            curve.append(_best_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare))
+            curve[k] = _best_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare)
             tick(f"{name} over {k} rows")
-        return _non_decreasing(curve)
+        return _non_decreasing(_fill(curve, max(rows)))
 
     def cached(model):
         m = CachedModel(model, vocab, out, out)
@@ -134,8 +148,8 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         return m
 
     full, slim, drafter = cached(pair.verifier), cached(pair.slim), cached(pair.drafter)
-    verify_ms = rows_curve(full.logits, full.rollback, range(1, MAX_ROWS + 1), "full verifier")
-    slim_ms = rows_curve(slim.logits, slim.rollback, range(1, MAX_ROWS + 1), "slim verifier")
+    verify_ms = rows_curve(full.logits, full.rollback, ROWS, "full verifier")
+    slim_ms = rows_curve(slim.logits, slim.rollback, ROWS, "slim verifier")
     draft_ms = rows_curve(drafter.logits, drafter.rollback, range(1, 4), "drafter")
     del full, slim, drafter
 
@@ -143,7 +157,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     slim_view, full_view = both.view("slim"), both.view("full")
     slim_view.logits(seq, CONTEXT, 1)
     full_view.logits(seq, CONTEXT, 1)
-    resume_ms = rows_curve(full_view.logits, both.rollback, range(1, MAX_ROWS + 1), "full pass after a slim pass",
+    resume_ms = rows_curve(full_view.logits, both.rollback, ROWS, "full pass after a slim pass",
                            before=lambda k: slim_view.logits(seq, CONTEXT + k, k))
 
 
