@@ -198,3 +198,37 @@ def test_the_gpu_check_runs_its_decode_loop_tiny_on_cpu(tmp_path):
     assert decode["sd_equals_ar"]["equal"] is True  # fp32 on CPU: exact
     assert decode["lossless_equals_sd"]["equal"] is True and "equal" in decode["progressive_equals_separate"]
     assert result["ms"]["full"] and result["errors"] == []
+
+
+def test_progressive_via_equals_separate_passes_and_lossless_equals_sd_on_int4_with_long_catch_ups(pair):
+    """Drafts of 64 (the draft signal, no bound on unverified runs): the verifiers' passes over their caches exceed
+    64 rows; with row attention every row is still computed as a one-token step, so sharing the trunk changes
+    nothing, and everything in tier C is plain SD."""
+    from via_sd import Thresholds
+
+    rows = []
+    run = pair.slim.run
+    pair.slim.run = lambda h, start, *a, **k: rows.append((start, h.shape[1])) or run(h, start, *a, **k)
+    try:
+        prompt = "Once upon a time"
+        draft_signal = dict(gamma=64, max_new_tokens=160, temperature=0.0, max_unverified=0,
+                            thresholds=Thresholds(accept=0.5, escalate=0.5, signal="draft"))
+        progressive = generate(pair, prompt, "via", DecodeConfig(**draft_signal, progressive=True))
+        catch_ups = [n for start, n in rows if start > 0]
+        separate = generate(pair, prompt, "via", DecodeConfig(**draft_signal, progressive=False))
+        greedy = dict(gamma=64, max_new_tokens=140, temperature=0.0)
+        sd = generate(pair, prompt, "sd", DecodeConfig(**greedy))
+        lossless = generate(pair, prompt, "via", DecodeConfig(**greedy, thresholds=Thresholds.preset("lossless")))
+    finally:
+        del pair.slim.run
+    assert max(catch_ups) > 64
+    assert progressive.token_ids == separate.token_ids and len(progressive.token_ids) == 160
+    assert lossless.token_ids == sd.token_ids
+    # every token the full verifier decided is its one-token-step argmax there (a wrong long pass would not be)
+    prompt_ids = pair.encode(prompt)
+    with torch.inference_mode():
+        cache, seq = DynamicCache(), prompt_ids + progressive.token_ids
+        logits = [pair.verifier(torch.tensor([prompt_ids]), past_key_values=cache).logits[0, -1]]
+        logits += [pair.verifier(torch.tensor([[t]]), past_key_values=cache).logits[0, -1] for t in seq[len(prompt_ids):-1]]
+    full = [t for t in progressive.tokens if t["tier"] == "full"]
+    assert len(full) >= 10 and all(t["id"] == int(logits[t["i"]][:VOCAB].argmax()) for t in full)
