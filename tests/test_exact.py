@@ -232,3 +232,42 @@ def test_progressive_via_equals_separate_passes_and_lossless_equals_sd_on_int4_w
         logits += [pair.verifier(torch.tensor([[t]]), past_key_values=cache).logits[0, -1] for t in seq[len(prompt_ids):-1]]
     full = [t for t in progressive.tokens if t["tier"] == "full"]
     assert len(full) >= 10 and all(t["id"] == int(logits[t["i"]][:VOCAB].argmax()) for t in full)
+
+
+def test_passes_that_extend_a_cache_are_marked_for_the_low_bit_kernels(pair):
+    """row_attention.EXTENDING is True exactly while a forward extends a cache (the verifier called as a HF model
+    and the slim verifier alike), so a low-bit linear can keep its per-row kernel there whatever the row count."""
+    from via_sd.row_attention import EXTENDING
+
+    seen = []
+    probe = pair.verifier.model.layers[1].mlp.down_proj
+    handle = probe.register_forward_pre_hook(lambda _m, _a: seen.append(EXTENDING.get()))
+    ids = torch.randint(2, VOCAB, (1, 12), generator=torch.Generator().manual_seed(7))
+    try:
+        for forward in (pair.verifier, SlimVerifier(pair.verifier, Route("none", (), 4))):
+            cache = DynamicCache()
+            forward(ids[:, :8], past_key_values=cache)
+            forward(ids[:, 8:], past_key_values=cache)
+        TeacherForced(pair.verifier, Calibration([ids[0].tolist()], [4]))
+    finally:
+        handle.remove()
+    assert seen == [False, True, False, True, False] and not EXTENDING.get()
+
+
+@pytest.mark.skipif(not hasattr(__import__("via_sd.lowbit").lowbit, "EXTENDING"),
+                    reason="lowbit's Int4Linear does not read row_attention.EXTENDING yet (issue 18 item 4)")
+@pytest.mark.parametrize("rows", [32, 130])
+def test_a_measured_dense_path_never_changes_a_pass_over_a_cache(rows):
+    """Whatever `dense_from` a machine measured (here: the de-quantized path from 1 row on, wherever it can run),
+    a pass over a cache gives its one-token steps' logits bit for bit."""
+    model = exact_int4(llama(4))
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            m.dense_from = 1 if m.can_dequantize() else None
+    ids = torch.randint(2, VOCAB, (1, 20 + rows), generator=torch.Generator().manual_seed(rows))
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(ids[:, :20], past_key_values=cache)
+        steps = torch.cat([model(ids[:, i:i + 1], past_key_values=cache).logits for i in range(20, 20 + rows)], 1)
+        cache.crop(-rows)
+        assert torch.equal(model(ids[:, 20:], past_key_values=cache).logits, steps)

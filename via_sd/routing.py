@@ -19,6 +19,8 @@ import torch
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from .row_attention import extending
+
 ROUTES_DIR = Path(__file__).resolve().parent.parent / "assets" / "routes"
 _SUBLAYER = re.compile(r"^(attn|mlp)\.(\d+)$")
 
@@ -203,8 +205,9 @@ class SlimVerifier:
         skipped = self.skip_set if skip is True else frozenset(skip or ())
         ran = [k for k in sublayers if k % 2 == 0 and k not in skipped]
         context = self._attention_inputs(h, start, cache, ran[0] // 2) if ran else {}
-        for i, group in groupby(sublayers, key=lambda k: k // 2):
-            h = self._layer(i, list(group), h, skipped, cache, context, record)
+        with extending(start > 0):  # low-bit linears: a pass over a cache computes each row as a step would
+            for i, group in groupby(sublayers, key=lambda k: k // 2):
+                h = self._layer(i, list(group), h, skipped, cache, context, record)
         return h
 
     def _attention_inputs(self, h, start: int, cache, layer_idx: int) -> dict:
@@ -311,12 +314,20 @@ class ProgressiveVerifier:
     and `view("full")` are the two verifiers, each with its own cache for the sub-layers after the split.
     """
 
-    def __init__(self, slim: SlimVerifier, vocab_size: int, output_device):
+    def __init__(self, slim: SlimVerifier, vocab_size: int, output_device, slim_cache: str = "own"):
+        """`slim_cache`: "own" (the slim view keeps a cache of its own after the split) or "full" (it reads the
+        full view's cache, as self-speculative methods (SWIFT, LayerSkip) share the target's: every position
+        the full verifier has read is context for the slim one, which writes only positions past those)."""
+        if slim_cache not in ("own", "full"):
+            raise ValueError(f"slim_cache must be 'own' or 'full', got {slim_cache!r}")
         self.net, self.vocab_size, self.output_device = slim, vocab_size, output_device
         self.split = slim.first_skip
         self.cache, self.seen = DynamicCache(), 0  # the shared sub-layers
         self.hidden: list[tuple[int, torch.Tensor]] = []  # (first position, hidden states at the split)
         self.views = {"slim": VerifierView(self, skip=True), "full": VerifierView(self, skip=False)}
+        self.slim_reads_full = slim_cache == "full"
+        if self.slim_reads_full:
+            self.views["slim"].cache = self.views["full"].cache
 
     def view(self, name: str) -> "VerifierView":
         return self.views[name]
@@ -367,8 +378,13 @@ class VerifierView:
             owner.rollback(upto - keep)
         owner.advance(seq, upto)
         h = owner.hidden_states(self.seen, upto)
+        shared = owner.slim_reads_full and not self.skip
+        if shared:  # the slim view's positions past the full view's are the slim network's: the full one redoes them
+            crop_cache(self.cache, self.seen)
         h = net.run(h, self.seen, self.cache, range(owner.split, net.sublayers), self.skip)
         self.seen = upto
+        if shared:  # everything the full view has read is now the slim view's context too
+            owner.views["slim"].seen = upto
         owner.forget()
         return net.head(h, keep)[0, -keep:, : owner.vocab_size].to(owner.output_device)
 

@@ -18,12 +18,29 @@ position over the same keys; a mask that lets every key through is passed as Non
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "via_sd_rows"
+# True while a forward extends a KV cache (a verification pass or a catch-up; not the prompt read). Low-bit
+# linears read it: a kernel chosen by row count (lowbit's measured `dense_from`) would make a long pass differ
+# from its one-token steps, so a pass that extends a cache keeps the per-row kernel whatever its length.
+EXTENDING: ContextVar[bool] = ContextVar("via_sd_extending", default=False)
+
+
+@contextmanager
+def extending(flag: bool = True):
+    """Marks the forward run inside as one that extends a cache (or not)."""
+    token = EXTENDING.set(flag)
+    try:
+        yield
+    finally:
+        EXTENDING.reset(token)
 
 
 def _trivial(mask: torch.Tensor) -> bool:
@@ -64,4 +81,22 @@ def use_row_attention(model) -> bool:
     if getattr(model.config, "_attn_implementation", None) != "sdpa":
         return False
     model.set_attn_implementation(NAME)
+    _mark_extending_passes(model)
     return True
+
+
+def _mark_extending_passes(model) -> None:
+    """Sets EXTENDING around every forward of `model` that is given a non-empty cache (hooks added once)."""
+    if getattr(model, "_via_sd_extending", None) is not None:
+        return
+    model._via_sd_extending = []  # the tokens to reset, innermost last
+
+    def before(module, _args, kwargs):
+        cache = kwargs.get("past_key_values")
+        module._via_sd_extending.append(EXTENDING.set(cache is not None and cache.get_seq_length() > 0))
+
+    def after(module, _args, _kwargs, _output):
+        EXTENDING.reset(module._via_sd_extending.pop())
+
+    model.register_forward_pre_hook(before, with_kwargs=True)
+    model.register_forward_hook(after, with_kwargs=True, always_call=True)
