@@ -19,7 +19,8 @@ Random weights decode nonsense and rarely agree (acceptance near 0, every round 
 part checks mechanics, exactness and devices, not speed-ups. The slim verifier is via_sd's own
 (routing.SlimVerifier), the one forward the engine and route search run. One JSON file comes out; feed
 it to `python -m via_sd bench ... --gpu-costs FILE`, which prices the forward calls recorded in real
-traces with it (a projection, labelled as such). On one H200 the default run takes a few minutes.
+traces with it (a projection, labelled as such). Sized for a few minutes on one H200 (not yet run on
+one: no GPU was lent while it was written; `--cpu-smoke` is tested in tests/test_exact.py).
 """
 
 from __future__ import annotations
