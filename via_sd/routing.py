@@ -279,9 +279,10 @@ class SlimVerifier:
 def _device_of(module) -> torch.device:
     """Where `module` computes: its accelerate hook's execution device, else where its weights are."""
     hook = getattr(module, "_hf_hook", None)
-    device = getattr(hook, "execution_device", None)
-    if device is not None:
-        return torch.device(device if not isinstance(device, int) else f"cuda:{device}")
+    for h in getattr(hook, "hooks", [hook]):  # one hook, or accelerate's SequentialHook of several
+        device = getattr(h, "execution_device", None)
+        if device is not None:
+            return torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
     return next(module.parameters()).device
 
 
