@@ -152,8 +152,9 @@ def compare(pair, prompt_ids, reference: list[int], other: list[int]) -> dict:
 
 def decode_check(drafter, verifier, route, names, device, dtype, tokens: int, gamma: int, errors: list) -> dict:
     """AR, SD, VIA-SD (progressive, separate, lossless) through via_sd.generate on the built models."""
+    weights = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype).replace("torch.", ""))
     pair = ModelPair(drafter, verifier, SlimVerifier(verifier, route), char_tokenizer(), names[0], names[1], device,
-                     dtype, str(dtype).replace("torch.", ""))
+                     dtype, weights)
     runs = {"ar": ("ar", {}), "sd": ("sd", {}), "via": ("via", {"progressive": True}),
             "via_separate": ("via", {"progressive": False}),
             "via_lossless": ("via", {"thresholds": Thresholds.preset("lossless")})}
