@@ -1,9 +1,12 @@
 """End to end in headless Chromium: `python app.py` on the random preset, driven like a person would.
 
-Opens the page, runs an example, waits for tier-colored tokens in both panes and for the plots,
-moves a threshold slider and sees the what-if estimate change, downloads the trace and uploads it
-again (and a file that is not a trace), steps through the learn view, then checks dark theme and
-presentation mode. Screenshots go to artifacts/screenshots/ (look at them).
+One app server serves every test of the session (`app_url`, session-scoped); only the embedded-pair
+test starts its own. Opens the page, runs an example, waits for tier-colored tokens in the three
+panes and for the plots, reads the "Why this speed" panel and moves a projection control, moves a
+threshold slider and sees the what-if estimate change, downloads the trace and uploads it again
+(and a file that is not a trace), steps through the learn view, then checks dark theme and
+presentation mode, the race's three lanes, and Stop / a newer run per session. Screenshots go to
+artifacts/screenshots/ (look at them).
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def start_app(preset: str, log_path: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("app.py did not answer within 120 s")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def app_url(tmp_path_factory):
     proc, url = start_app("random", tmp_path_factory.mktemp("app") / "app.log")
     yield url
@@ -68,7 +71,7 @@ def app_url(tmp_path_factory):
     proc.wait(timeout=20)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
 
@@ -91,8 +94,11 @@ def run_and_wait(page) -> None:
     page.locator("#run").click()
     page.wait_for_selector("#via-tokens .via-tok")
     page.wait_for_selector("#sd-tokens .via-tok")
+    page.wait_for_selector("#ar-tokens .via-tok")
     page.wait_for_selector('#status [data-kind="ok"]')
-    page.wait_for_selector("#confidence-plot .js-plotly-plot")
+    page.wait_for_selector("#cost-plot .js-plotly-plot")  # the first tab's figure: the views follow a run
+    page.wait_for_function("document.querySelector('#metrics [data-metric=\"fidelity\"] .via-card-value')"
+                           ".innerText.includes('%')")  # fidelity: measured after Done
 
 
 def show_tab(page, name: str) -> None:
@@ -113,8 +119,33 @@ def test_run_an_example_tune_thresholds_download_and_replay(browser, app_url, tm
         "els => [...new Set(els.map(e => getComputedStyle(e).backgroundColor))]")
     assert len(colors) >= 2, "tokens are colored by tier"
     assert page.locator('#metrics [data-metric="speedup_sd"] .via-card-value').inner_text().endswith("×")
+    assert page.locator('#metrics [data-metric="speedup_ar"] .via-card-value').inner_text().endswith("×"), \
+        "AR runs by default: speed-up vs AR is measured"
     assert "%" in page.locator('#metrics [data-metric="fidelity"] .via-card-value').inner_text()
     page.screenshot(path=str(SHOTS / "02-run-light.png"), full_page=True)
+
+    # "Why this speed": the measured cost curve, predicted beside measured, and a projection that moves
+    panel = page.locator('#cost-model .via-costs[data-state="ready"]')
+    panel.wait_for()
+    assert "one-token passes" in panel.inner_text()
+    for pair in ("sd_vs_ar", "via_vs_ar"):
+        row = page.locator(f'#cost-model tr[data-pair="{pair}"]')
+        assert row.locator('[data-kind="predicted"]').inner_text().endswith("×")
+        assert row.locator('[data-kind="measured"]').inner_text().endswith("×")
+    page.wait_for_selector("#cost-plot .js-plotly-plot")
+    assert "V(k) measured" in page.locator("#cost-plot").inner_text()
+    projected = page.locator('#cost-projection .via-projection[data-state="ready"]')
+    projected.wait_for()
+    before = projected.get_attribute("data-speedup")
+    cards = page.locator("#cost-projection [data-projection]")
+    assert cards.count() == 3 and all(
+        cards.nth(i).locator(".via-card-note").inner_text() == "projection" for i in range(3))
+    page.locator("#cost-flatness input[type=range]").focus()
+    for _ in range(10):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"document.querySelector('#cost-projection .via-projection').dataset.speedup !== '{before}'")
+    assert "projection" in page.locator("#cost-projection").inner_text().lower()
+    page.locator("#cost-model").screenshot(path=str(SHOTS / "02b-cost-model.png"))
 
     show_tab(page, "Latency")
     page.wait_for_selector("#latency-plot .js-plotly-plot")
@@ -185,6 +216,8 @@ def test_dark_theme_and_presentation_mode(browser, app_url):
     page.locator("#prompt textarea").fill("Explain speculative decoding in one sentence.")
     run_and_wait(page)
     assert "dark" in page.evaluate("document.body.className")
+    show_tab(page, "Confidence")
+    page.wait_for_selector("#confidence-plot .js-plotly-plot")
     bg = page.eval_on_selector("#confidence-plot .main-svg", "e => getComputedStyle(e).backgroundColor")
     assert bg not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)") or page.eval_on_selector(
         "#confidence-plot .bg", "e => e.style.fill") != "rgb(255, 255, 255)", "figures follow the dark theme"
@@ -228,7 +261,7 @@ def test_embedded_pair_streams_real_text(browser, tmp_path):
         sd_text = page.locator("#sd-tokens .via-sd-tokens").inner_text()
         assert re.search(r"def |add|\+", via_text) and re.search(r"def |add|\+", sd_text), "real text, not gibberish"
         assert "Qwen2.5-Coder" in page.locator("#device").inner_text()
-        page.wait_for_selector("#confidence-plot .js-plotly-plot")
+        page.wait_for_selector("#cost-plot .js-plotly-plot")
         page.screenshot(path=str(SHOTS / "11-embedded-run.png"), full_page=True)
         page.close()
     finally:
@@ -293,17 +326,19 @@ def test_drafts_show_pending_then_their_tier_color(browser, app_url):
     page.close()
 
 
-def test_race_replay_plays_both_traces_to_their_recorded_token_counts(browser, app_url):
+def test_race_replay_plays_all_three_lanes_to_their_recorded_token_counts(browser, app_url):
     page = open_page(browser, app_url)
+    assert page.locator("#ar-tokens").is_visible() and page.locator("#with-ar input").is_checked(), "AR on by default"
     page.locator("#prompt textarea").fill("Write a haiku about the sea.")
     set_number(page, "max-new-tokens", 48)
     run_and_wait(page)
-    counts = {m: page.locator(f"#{m}-tokens .via-tok").count() for m in ("via", "sd")}
-    page.locator("#race-speed label", has_text="½×").click()
+    counts = {m: page.locator(f"#{m}-tokens .via-tok").count() for m in ("via", "sd", "ar")}
+    page.locator("#race-speed label", has_text="4×").click()
     page.locator("#race-replay").click()
     page.wait_for_selector('#race-view .via-race[data-state="playing"]')
     page.wait_for_selector('#race-view .via-race[data-state="done"]')
-    for m in ("via", "sd"):
+    assert page.locator("#race-view .via-race-lane").count() == 3
+    for m in ("via", "sd", "ar"):
         lane = page.locator(f'#race-view .via-race-lane[data-method="{m}"]')
         assert lane.get_attribute("data-state") == "finished"
         assert int(lane.get_attribute("data-tokens")) == int(lane.get_attribute("data-total")) == counts[m] == 48
@@ -331,10 +366,13 @@ def test_preset_control_sets_the_sliders_and_a_slider_move_makes_it_custom(brows
     page.close()
 
 
-def test_a_second_release_cancels_this_sessions_run_not_another_sessions(browser, app_url):
+def test_stop_and_a_newer_run_end_exactly_this_sessions_work(browser, app_url):
+    """One scheme: a's second release supersedes a's running run; b's Stop, pressed while b's run waits in the
+    queue behind a's, ends b's run before it starts and touches nothing of a's."""
     a, b = open_page(browser, app_url), open_page(browser, app_url)
     for page, tokens in ((a, 96), (b, 16)):
         page.locator("#prompt textarea").fill("Count from one to twenty.")
+        page.locator("#with-ar input").uncheck()  # VIA-SD and SD are enough here
         set_number(page, "max-new-tokens", tokens)
         set_number(page, "pace", 120)
         page.evaluate(RECORD_JS)
@@ -342,17 +380,17 @@ def test_a_second_release_cancels_this_sessions_run_not_another_sessions(browser
     a.locator("#rerun-on-release input").check()
     release_slider(a, "accept", 0.7)  # release 1: a's first run
     a.wait_for_selector("#via-tokens .via-live")
-    b.locator("#run").click()  # b's run queues behind a's first run (one run on the model at a time)
-    time.sleep(1.0)
-    release_slider(a, "accept", 0.85)  # release 2, during that run
-    a.wait_for_function("window.__status.some(s => s.includes('slider was released'))")
-    b.wait_for_selector('#status [data-kind="ok"]')
+    b.locator("#run").click()  # b's run queues behind a's (one run on the model at a time)
+    b.locator("#stop").click()  # ... and b stops it while it waits
+    release_slider(a, "accept", 0.85)  # release 2, during a's first run
+    a.wait_for_function("window.__status.some(s => s.includes('newer run'))")
+    b.wait_for_function("window.__status.some(s => s.includes('Stopped before it started'))")
     a.wait_for_function("window.__status.filter(s => s.startsWith('✓ Done')).length === 1 && "
                         "window.__status[window.__status.length - 1].startsWith('✓ Done')")
     a_status, b_status = a.evaluate("window.__status"), b.evaluate("window.__status")
-    stopped = next(i for i, s in enumerate(a_status) if "slider was released" in s)
-    assert not any(s.startswith("✓ Done") for s in a_status[:stopped]), "a's first run never finished"
-    assert not any("Stopped" in s for s in b_status), "b's run was not touched"
-    assert b.locator("#sd-tokens .via-tok").count() == 16 and a.locator("#sd-tokens .via-tok").count() == 96
+    replaced = next(i for i, s in enumerate(a_status) if "newer run" in s)
+    assert not any(s.startswith("✓ Done") for s in a_status[:replaced]), "a's first run never finished"
+    assert not any("Stopped before it started" in s for s in a_status), "b's Stop never reached a"
+    assert b.locator("#sd-tokens .via-tok").count() == 0 and a.locator("#sd-tokens .via-tok").count() == 96
     a.close()
     b.close()

@@ -77,18 +77,6 @@ def _card(key: str, title: str, value: str, subs=(), note: str = "") -> str:
             f'<div class="via-card-value">{value}</div>{sub}{note}</div>')
 
 
-def _speedups_card(tps: dict) -> str:
-    """VIA-SD and SD against AR and against SD, side by side: a 2x2 table."""
-    rows = "".join(
-        f'<tr data-method="{m}"><th>{SHORT[m]}</th>'
-        f'<td data-vs="ar">{fmt(ratio(tps.get(m), tps.get("ar")), ".2f", "×")}</td>'
-        f'<td data-vs="sd">{fmt(ratio(tps.get(m), tps.get("sd")), ".2f", "×") if m != "sd" else "1×"}</td></tr>'
-        for m in ("via", "sd"))
-    return (f'<div class="via-card via-card-wide" data-metric="speedups"><div class="via-card-title">speed-up '
-            f'(measured, this run)</div><table class="via-speedups"><tr><th></th><th>vs AR</th><th>vs SD</th></tr>'
-            f'{rows}</table></div>')
-
-
 def metrics_html(traces: dict, fidelity: dict | None = None) -> str:
     """Metric cards: tokens/s, speed-ups vs AR and vs SD side by side, rejection rate, accepted length,
     full-model calls, fidelity (`fidelity`: {method: {agreement, mean_logprob}} or {"note": ...})."""
