@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
 import time
 import weakref
 from types import SimpleNamespace
@@ -193,7 +192,7 @@ def test_learn_explains_every_candidate_of_a_round(last_run):
         assert len(whys) == len(rnd["candidates"])
         for cand, why in zip(rnd["candidates"], whys):
             if cand["decision"] == "accepted":
-                assert f"≥ accept 0.60: tier A" in why
+                assert "≥ accept 0.60: tier A" in why
             elif cand["decision"] == "discarded":
                 assert why.startswith(("Discarded", "Not used"))
             elif cand["tier"] == "slim":

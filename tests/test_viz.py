@@ -427,3 +427,66 @@ def test_trace_dicts_and_json_work_too(traces):
 def test_viz_imports_no_model_code_and_no_gradio():
     code = "import sys, viz; bad = {'torch', 'transformers', 'gradio'} & set(sys.modules); assert not bad, bad"
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
+
+
+# ---- the page's HTML: learn view, cost panel, projection ------------------------------------------
+
+def _learn_trace(rnd: dict, signal: str = "slim", accept: float = 0.6, escalate: float = 0.2):
+    tokens = [{"i": i, "id": i, "text": f" t{i}", "round": 0, "tier": c["tier"], "outcome": "kept",
+               "p_draft": 0.5, "q_slim": None, "q_full": None, "confidence": c["confidence"]}
+              for i, c in enumerate(rnd["candidates"])]
+    return Trace(method="via", prompt="p", tokens=tokens, rounds=[rnd],
+                 config={"gamma": len(rnd["candidates"]),
+                         "thresholds": {"accept": accept, "escalate": escalate, "signal": signal}})
+
+
+def _learn_cand(pos, tier, r, decision="kept"):
+    return {"pos": pos, "token": pos, "text": f" t{pos}", "p_draft": 0.5, "q_slim": None, "q_full": None,
+            "confidence": r, "tier": tier, "decision": decision}
+
+
+def test_explain_candidate_a_forced_round_sends_a_confident_draft_to_a_verifier():
+    from viz.learn import explain_candidate
+
+    rnd = {"round": 0, "forced_by": "max_unverified", "full_called": False,
+           "candidates": [_learn_cand(0, "slim", 0.95), _learn_cand(1, "slim", 0.4)]}
+    trace = _learn_trace(rnd)
+    first = explain_candidate(rnd["candidates"][0], trace, rnd, trace.tokens)
+    assert "≥ accept 0.60 would keep it unverified" in first and "no verifier" in first and "slim verifier" in first
+    second = explain_candidate(rnd["candidates"][1], trace, rnd, trace.tokens)
+    assert "between escalate 0.20 and accept 0.60: tier B" in second
+    from viz.learn import learn_html
+
+    assert "forced to a verifier" in learn_html(trace, 0)
+
+
+def test_explain_candidate_a_tier_b_draft_the_full_model_decided():
+    from viz.learn import explain_candidate
+
+    # drafter signal: a tier-C draft at #3 makes one full pass decide from the first non-A draft on
+    rnd = {"round": 0, "forced_by": None, "full_called": True,
+           "candidates": [_learn_cand(0, "draft", 0.9), _learn_cand(1, "full", 0.4), _learn_cand(2, "full", 0.1), _learn_cand(3, "full", 0.5)]}
+    trace = _learn_trace(rnd, signal="draft")
+    why = [explain_candidate(c, trace, rnd, trace.tokens) for c in rnd["candidates"]]
+    assert why[0].startswith("Drafter probability 0.90 ≥ accept 0.60: tier A")
+    assert "(tier B), but draft #3 needs the full model" in why[1] and "the full model agreed" in why[1]
+    assert why[2].startswith("Drafter probability 0.10 < escalate 0.20: tier C")
+    assert why[3].startswith("After draft #3 escalated, the full model checks every later draft too")
+
+
+def test_cost_panel_curve_and_projection_draw_plain_numbers():
+    from viz.costs import cost_curve_figure, cost_panel_html, projection_html
+
+    info = {"device": "CPU", "source": "measured", "gamma": 5, "alpha": 0.78, "c": 0.42, "s": 0.87, "V": 3.01,
+            "E": 3.4, "ceiling": 0.69, "measured": {"sd_vs_ar": 0.68}, "predicted": {"sd_vs_ar": 0.7},
+            "sentences": ["Checking 5 drafts costs 3.0 one-token passes on this CPU <b>"]}
+    panel = cost_panel_html(info)
+    assert 'data-kind="predicted">0.70×' in panel and 'data-kind="measured">0.68×' in panel
+    assert "&lt;b&gt;" in panel and "<b>0.69×</b>" in panel, "escaped text, the formula's result in bold"
+    fig = cost_curve_figure([1, 2, 3, 4, 5, 6], [1, 1.26, 1.41, 1.61, 2.66, 3.01], [0.87] * 6, 0.42, 5, theme="dark")
+    assert [d.name for d in fig.data][:3] == ["k separate passes", "flat: a memory-bound GPU", "V(k) measured on "
+                                                                                              "this machine"]
+    shown = projection_html({"label": "an H100 GPU (roofline)", "tokens_per_s": {"via": 90.0, "ar": 40.0},
+                             "speedup": {"via_vs_ar": 2.25}, "V": 1.0, "c": 0.1, "s": 0.6, "sentence": "x"})
+    assert "PROJECTION" in shown and 'data-speedup="2.2500"' in shown
+    assert shown.count("(projection)") == 5 and shown.count(">projection<") == 3, "every number says projection"
