@@ -76,3 +76,45 @@ def test_the_what_if_replays_a_real_trace_exactly_forced_rounds_included(tiny_ro
                 assert DRAFT not in sorted_tiers
         forced_rounds += est["forced_rounds"]
     assert forced_rounds > 0
+
+
+def _rows_per_sublayer(pair, prompt: str, config) -> tuple[dict, int]:
+    """Rows of each verifier sub-layer's inputs during VIA-SD's round 1, and the prompt's length."""
+    from via_sd.decoding import stream_events
+
+    rows, hooks = {}, []
+    for i, layer in enumerate(pair.verifier.model.layers):
+        for kind, module in (("attn", layer.self_attn), ("mlp", layer.mlp)):
+            def count(_, args, kwargs, key=f"{kind}.{i}"):
+                h = args[0] if args else kwargs["hidden_states"]
+                rows[key] = rows.get(key, 0) + h.shape[1]
+            hooks.append(module.register_forward_pre_hook(count, with_kwargs=True))
+    try:
+        events = stream_events(pair, prompt, "via", config)
+        first = next(e for e in events if e.kind == "round")
+    finally:
+        for h in hooks:
+            h.remove()
+    return rows, first.trace.summary["prompt_tokens"], first.trace.rounds[0]
+
+
+def test_round_one_reads_the_prompt_once_in_the_shared_layers_and_once_more_per_design(tiny_routed_pair):
+    """slim_cache="own": the shared sub-layers read the prompt once, the slim and the full verifier each once more
+    after the split. "full": the full verifier reads the prompt once for both (the slim one reads its cache)."""
+    pair, prompt = tiny_routed_pair, "The quick brown fox jumps"
+    escalate = Thresholds(accept=1.0, escalate=0.999, signal="slim")  # the slim pass sorts, then the full pass runs
+    split = pair.slim.first_skip
+    for slim_cache in ("own", "full"):
+        cfg = DecodeConfig(gamma=4, max_new_tokens=5, chat=False, thresholds=escalate, slim_cache=slim_cache)
+        rows, L, rnd = _rows_per_sublayer(pair, prompt, cfg)
+        assert rnd["slim_called"] and rnd["full_called"]
+        n = len(rnd["candidates"])
+        for k in range(pair.slim.sublayers):
+            name = f"{'mlp' if k % 2 else 'attn'}.{k // 2}"
+            skipped = pair.slim.skipped[k]
+            if k < split:  # the shared trunk: every position once (prompt, then the drafts)
+                assert rows[name] == L + n, (slim_cache, name)
+            elif slim_cache == "own":  # the slim view reads the prompt, then the full view reads it again
+                assert rows[name] == (0 if skipped else L + n) + L + n, (slim_cache, name)
+            else:  # the full view reads the prompt but its last token once; the slim view from there
+                assert rows[name] == (0 if skipped else 1 + n) + (L - 1) + (1 + n), (slim_cache, name)

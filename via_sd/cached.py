@@ -63,8 +63,8 @@ class Reader:
 
     def __init__(self, model, name: str, prompt: int, calls: list):
         self.model, self.name, self.prompt, self.calls = model, name, prompt, calls
-        owner = getattr(model, "owner", None)  # a ProgressiveVerifier's view: its shared sub-layers
-        self.trunk = owner if owner is not None and not model.skip else None
+        self.trunk_owner = getattr(model, "owner", None)  # a ProgressiveVerifier's view: its shared sub-layers
+        self.trunk = self.trunk_owner if self.trunk_owner is not None and not model.skip else None
 
     @property
     def seen(self) -> int:
@@ -73,6 +73,12 @@ class Reader:
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] (after forgetting anything past upto - keep) and returns the logits of the last
         `keep` positions, [keep, V]; a read that crosses the prompt's end from inside reads the prompt alone first."""
+        if (self.name == "slim" and self.seen < self.prompt - 1 <= upto - keep
+                and getattr(self.trunk_owner, "slim_reads_full", False)):
+            # the slim verifier reads the full one's cache: the full one reads the prompt (but its last token, whose
+            # logits the slim one needs: its pass starts there), once for both
+            full = Reader(self.trunk_owner.view("full"), "full", 0, self.calls)
+            full.logits(seq, self.prompt - 1, 1)
         start = min(self.seen, upto - keep)
         if start < self.prompt < upto:
             inside = max(0, self.prompt - (upto - keep))  # asked-for positions in the prompt

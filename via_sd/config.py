@@ -31,6 +31,10 @@ class DecodeConfig:
     # VIA-SD: the slim and full verifier share the sub-layers before the route's first skip (one KV cache,
     # a full pass resumes from the slim pass's hidden states); False runs them separately (for comparison)
     progressive: bool = True
+    # VIA-SD, progressive: the slim verifier's cache after the shared sub-layers: "own", or "full" (it reads the
+    # full verifier's: the prompt is read once, by the full verifier, and every position the full verifier has
+    # read is the slim verifier's context too, as SWIFT / LayerSkip share the target's cache)
+    slim_cache: str = "own"
 
     def __post_init__(self):
         if self.gamma != AUTO and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
@@ -61,6 +65,8 @@ class DecodeConfig:
         if self.max_unverified < 0:
             raise ValueError(f"max_unverified must be 0 (no bound) or a positive number of tokens, "
                              f"got {self.max_unverified!r}")
+        if self.slim_cache not in ("own", "full"):
+            raise ValueError(f"slim_cache must be 'own' or 'full', got {self.slim_cache!r}")
         if not isinstance(self.thresholds, Thresholds):
             raise ValueError(f"thresholds must be a via_sd.Thresholds, got {type(self.thresholds).__name__}: "
                              "use Thresholds(accept=..., escalate=..., signal=...) or Thresholds.preset(name)")

@@ -53,7 +53,7 @@ class Decoder:
         vocab = pair.vocab_size
         drafter = CachedModel(pair.drafter, vocab, pair.drafter.device, self.device)
         if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
-            verifiers = ProgressiveVerifier(pair.slim, vocab, self.device)
+            verifiers = ProgressiveVerifier(pair.slim, vocab, self.device, slim_cache=config.slim_cache)
             slim, full = verifiers.view("slim"), verifiers.view("full")
         else:
             slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
