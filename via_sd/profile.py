@@ -5,7 +5,7 @@
 
 Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
 and kernels), after a 200-token context, at 12 row counts (the
-others interpolated), the fastest of two
+others interpolated), the fastest of three sweeps over them
 (other work on a shared machine only adds time), and a curve over rows is made non-decreasing. A profile is keyed by what changes it:
 the two models, the weights setting, the route, the device (CPU model or GPU name), the thread count
 and the torch version; a cached file whose key differs, or that does not parse, is measured again
@@ -18,7 +18,6 @@ import hashlib
 import json
 import logging
 import platform
-import itertools
 import threading
 
 import torch
@@ -31,7 +30,7 @@ from .routing import ProgressiveVerifier
 log = logging.getLogger("via_sd.profile")
 VERSION = 2
 CONTEXT = 200
-REPEATS = 2
+REPEATS = 3
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
@@ -110,8 +109,16 @@ def _fill(measured: dict[int, float], rows: int) -> list[float]:
 
 
 def _non_decreasing(values) -> tuple:
-    """More rows never cost less: a dip is noise."""
-    return tuple(itertools.accumulate(values, max))
+    """More rows never cost less: the closest non-decreasing curve (pool-adjacent-violators), so a dip or a
+    spike of noise is averaged with its neighbours instead of carried forward."""
+    blocks = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return tuple(total / count for total, count in blocks for _ in range(count))
 
 
 @torch.inference_mode()
@@ -121,7 +128,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     gen = torch.Generator().manual_seed(0)
     seq = torch.randint(0, vocab, (CONTEXT + MAX_ROWS + max(PROMPT_LENGTHS),), generator=gen).tolist()
     out = pair.drafter.device
-    steps = 3 * len(ROWS) + 3 + 3 * len(PROMPT_LENGTHS)
+    steps = 4 * REPEATS + 3 * len(PROMPT_LENGTHS)
     done = [0]
 
     def tick(what: str):
@@ -130,15 +137,16 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
             progress(f"measuring the cost profile: {what}", done[0] / steps)
 
     def rows_curve(read, rollback, rows, name, before=None):
-        curve = {}
-        for k in rows:
-            def prepare(k=k):
-                rollback(CONTEXT)
-                if before is not None:
-                    before(k)
-            curve[k] = _best_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare)
-            tick(f"{name} over {k} rows")
-        return _non_decreasing(_fill(curve, max(rows)))
+        best = dict.fromkeys(rows, float("inf"))
+        for sweep in range(REPEATS):  # sweeps over every k in turn: a burst of other work hits one k, not all
+            for k in rows:
+                def prepare(k=k):
+                    rollback(CONTEXT)
+                    if before is not None:
+                        before(k)
+                best[k] = min(best[k], _best_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare, repeats=1))
+            tick(f"{name}, sweep {sweep + 1} of {REPEATS}")
+        return _non_decreasing(_fill(best, max(rows)))
 
     def cached(model):
         m = CachedModel(model, vocab, out, out)
@@ -168,7 +176,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
             fresh = lambda: CachedModel(model, vocab, out, out)  # noqa: E731
             holder = {}
             prompt_ms[name][n] = _best_ms(clock, lambda: holder["m"].logits(seq, n, 1),
-                                          lambda: holder.update(m=fresh()), repeats=2)
+                                          lambda: holder.update(m=fresh()), repeats=REPEATS)
             tick(f"{name} reading a {n}-token prompt")
         prompt_ms[name] = dict(zip(PROMPT_LENGTHS, _non_decreasing(prompt_ms[name][n] for n in PROMPT_LENGTHS)))
     return CostProfile(verify_ms, slim_ms, resume_ms, draft_ms, prompt_ms, key or profile_key(pair))
