@@ -30,7 +30,10 @@ def colored(token: dict) -> str:
 def format_summary(trace) -> str:
     s = trace.summary
     tiers = " ".join(f"{k}={v}" for k, v in s["tier_counts"].items())
-    return (f"{trace.method}: {s['new_tokens']} tokens, {s['tokens_per_s']:.2f} tok/s, "
+    gammas = [r["gamma"] for r in trace.rounds if r.get("gamma")]
+    rounds = f"gamma {sum(gammas) / len(gammas):.1f} on average, " if gammas else ""
+    return (f"{trace.method}: {s['new_tokens']} tokens, {s['tokens_per_s']:.2f} tok/s "
+            f"(the cost model predicted {s.get('predicted_tokens_per_s') or 0:.2f}), {rounds}"
             f"mean accepted length {s['mean_accepted_length']:.2f}, rejection rate {s['rejection_rate']:.2f}, "
             f"full-model calls {s['full_calls']}, tiers {tiers}, wall {s['wall_ms'] / 1000:.1f} s")
 
