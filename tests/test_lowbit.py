@@ -280,3 +280,98 @@ def test_a_codes_cache_file_reads_back_whole_and_through_its_memory_map(tmp_path
     reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
     ids = torch.tensor([[3, 60], [0, 17]])
     assert torch.equal(entries.exact_rows(name)(ids), reference[ids])
+
+
+def tiny_int4_llama(seed: int = 0):
+    """A 2-layer Llama in int4 whose q/k/v and gate/up are whole 64-row blocks (so they can be fused)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from via_sd.lowbit import apply_weights
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    return apply_weights(AutoModelForCausalLM.from_config(config).eval(), "int4")
+
+
+def test_fused_qkv_and_gate_up_give_the_separate_layers_outputs_bit_for_bit():
+    import copy
+
+    from transformers import DynamicCache
+
+    from via_sd.fused import FusedPart, fuse_linears
+
+    model = tiny_int4_llama()
+    fused = copy.deepcopy(model)
+    assert fuse_linears(fused) == 4  # q/k/v and gate/up in each of 2 layers
+    attn = fused.model.layers[0].self_attn
+    assert all(isinstance(getattr(attn, n), FusedPart) for n in ("q_proj", "k_proj", "v_proj"))
+    assert attn.q_proj.fused is attn.v_proj.fused and attn.q_proj.fused.layer.out_features == 128 + 64 + 64
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    outputs = []
+    for m in (model, fused):
+        with torch.inference_mode():
+            cache = DynamicCache()
+            read = m(ids[:, :30], past_key_values=cache).logits
+            steps = [m(ids[:, i:i + 1], past_key_values=cache).logits for i in range(30, 34)]
+            extend = m(ids[:, 34:], past_key_values=cache).logits
+        outputs.append([read, *steps, extend])
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    for m in (model, fused):  # the de-quantized path (a prompt read from 1 row on) is per feature too
+        for layer in m.modules():
+            if isinstance(layer, Int4Linear):
+                layer.dense_from = 1
+    with torch.inference_mode():
+        assert torch.equal(model(ids).logits, fused(ids).logits)
+    part = attn.q_proj.fused
+    assert part._x is None and part._y is None  # no activations held between passes
+
+
+def test_rescored_head_never_returns_a_token_it_did_not_rescore():
+    """Constructed: exact re-scoring lowers all 16 best int4 logits below the int4 logit of the 17th;
+    the 17th (never re-scored) must not win, nor any other token outside the 16."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    head = Int4Linear.from_float(w)
+    h = torch.randn(3, 64)
+    top16 = head(h).topk(16, -1).indices
+
+    def exact_rows(ids):  # re-scored logit of every row: -50 (far below any int4 logit here)
+        return -50 * h[:, None, :] / (h[:, None, :] ** 2).sum(-1, keepdim=True) + 0 * ids[..., None]
+
+    rescored = RescoredHead(head, exact_rows)
+    logits = rescored(h)
+    assert all(int(logits[i].argmax()) in top16[i].tolist() for i in range(3))
+    inside = logits.gather(-1, top16)
+    assert torch.allclose(inside, torch.full_like(inside, -50.0), atol=1e-4)
+    outside = logits.scatter(-1, top16, float("-inf"))
+    assert (outside.amax(-1) < inside.amin(-1)).all()
+
+
+def test_the_dense_prompt_path_follows_a_fixed_row_threshold_not_a_clock(tmp_path, monkeypatch):
+    """The threshold comes from the machine's table, is fixed for the process once set, and a pass that
+    extends a cache keeps the kernel whatever its rows (so it equals its one-token steps)."""
+    import json
+
+    from via_sd import kernels
+    from via_sd.row_attention import extending
+
+    monkeypatch.setenv("VIA_SD_CACHE", str(tmp_path))
+    layer = Int4Linear.from_float(torch.randn(320, 160) * 0.05)  # a shape no other test uses
+    model = torch.nn.Sequential(layer)
+    table = tmp_path / "lowbit-kernels.json"
+    table.write_text(json.dumps({kernels.machine_key(): {"320x160": 32}}))
+    before = table.stat().st_mtime_ns
+    assert kernels.choose_kernels(model) == {"320x160": 32} and layer.dense_from == 32
+    assert table.stat().st_mtime_ns == before  # read, not measured
+    table.write_text(json.dumps({kernels.machine_key(): {"320x160": 512}}))
+    kernels.choose_kernels(model)
+    assert layer.dense_from == 32  # fixed for the process
+    x = torch.randn(40, 160)
+    with torch.inference_mode():
+        dense = layer(x)  # a prompt read of 40 rows: de-quantized
+        with extending():
+            kept = layer(x)  # the same rows extending a cache: the kernel
+        layer.dense_from = None
+        kernel = layer(x)
+    assert torch.equal(kept, kernel) and not torch.equal(dense, kernel)

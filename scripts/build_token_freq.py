@@ -1,0 +1,167 @@
+"""Build the drafter head's token list (assets/token_freq/qwen2.json): Qwen2 token ids ranked by frequency.
+
+    .venv/bin/python scripts/build_token_freq.py                       # writes the asset (about 1 min)
+    flock /tmp/viasd-heavy.lock .venv/bin/python scripts/build_token_freq.py --greedy /tmp/viasd-greedy.json
+    .venv/bin/python scripts/build_token_freq.py --coverage /tmp/viasd-greedy.json
+
+The list is counted from text every install of this project has offline, never from the prompts the
+coverage is measured on: the Python standard library's sources (code, docstrings), the documentation
+and package metadata in site-packages (*.md, *.rst, METADATA: English prose), and the translated
+messages of the system's gettext catalogues (/usr/share/locale/{fr,de,es,it,pt,zh_CN,ja,ru}/*.mo:
+short sentences in the languages the prompts translate into). Files are read in sorted order, each
+group up to --bytes; each group's counts are normalised to frequencies and averaged with equal weight
+(code, English prose, other languages), then ranked; ties by id. The Qwen2 chat template's own tokens
+and every special token (<|im_end|>, <|endoftext|>, ...) are listed apart (`special_ids`) and always
+kept. The asset holds the top --keep ids, the command and the byte counts per source.
+
+--greedy runs the embedded verifier greedily (AR, chat template) on the shipped prompt sets and saves
+its tokens; --coverage prints, for several N, the share of those tokens inside the top N: the
+acceptance proxy for the frequency-ranked head (a verifier token outside the N can never be drafted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gettext
+import json
+import os
+import sys
+import sysconfig
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+OUT = ROOT / "assets" / "token_freq" / "qwen2.json"
+LANGS = ("fr", "de", "es", "it", "pt", "zh_CN", "ja", "ru")
+PROMPT_SETS = ("code", "math", "qa", "summarization", "translation")
+
+
+def _read(paths, budget: int) -> list[str]:
+    texts, used = [], 0
+    for path in paths:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        texts.append(text[: budget - used])
+        used += len(texts[-1])
+        if used >= budget:
+            break
+    return texts
+
+
+def code_texts(budget: int) -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.rglob("*.py") if "site-packages" not in p.parts and "test" not in p.parts
+                   and "tests" not in p.parts)
+    return _read(files, budget)
+
+
+def prose_texts(budget: int) -> list[str]:
+    site = Path(sysconfig.get_paths()["purelib"])
+    files = sorted(p for pattern in ("*.md", "*.rst", "METADATA") for p in site.rglob(pattern))
+    return _read(files, budget)
+
+
+def language_texts(budget: int) -> list[str]:
+    texts = []
+    for lang in LANGS:  # an equal share of the budget per language
+        messages = []
+        for mo in sorted(Path("/usr/share/locale", lang, "LC_MESSAGES").glob("*.mo")):
+            try:
+                with open(mo, "rb") as f:
+                    catalog = gettext.GNUTranslations(f)._catalog
+            except (OSError, ValueError, UnicodeDecodeError, KeyError):
+                continue
+            messages += [v for k, v in sorted(catalog.items(), key=lambda kv: str(kv[0])) if k and isinstance(v, str)]
+        text = "\n".join(messages)[: budget // len(LANGS)]
+        texts += [text[i:i + 100_000] for i in range(0, len(text), 100_000)]
+    return texts
+
+
+def frequencies(tokenizer, texts: list[str]) -> Counter:
+    counts = Counter()
+    for start in range(0, len(texts), 64):
+        for ids in tokenizer(texts[start:start + 64], add_special_tokens=False).input_ids:
+            counts.update(ids)
+    return counts
+
+
+def build(args) -> int:
+    from via_sd.embedded import embedded_model_dirs
+    from transformers import AutoTokenizer
+
+    _, verifier_dir = embedded_model_dirs()
+    tokenizer = AutoTokenizer.from_pretrained(str(verifier_dir))
+    groups = {"code": code_texts(args.bytes), "prose": prose_texts(args.bytes), "languages": language_texts(args.bytes)}
+    score, sources = Counter(), {}
+    for name, texts in groups.items():
+        counts = frequencies(tokenizer, texts)
+        total = sum(counts.values())
+        sources[name] = {"files": len(texts), "chars": sum(map(len, texts)), "tokens": total}
+        for token, n in counts.items():
+            score[token] += n / total / len(groups)
+    chat = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True)
+    specials = sorted(set(tokenizer.all_special_ids) | set(tokenizer.added_tokens_decoder)
+                      | set(tokenizer(chat, add_special_tokens=False).input_ids))
+    ranked = sorted(score, key=lambda t: (-score[t], t))[: args.keep]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    table = {"model_type": "qwen2", "vocab_size": 151936, "tokenizer_size": len(tokenizer),
+             "command": "python scripts/build_token_freq.py " + " ".join(sys.argv[1:]), "sources": sources,
+             "special_ids": specials, "ids": ranked}
+    OUT.write_text(json.dumps(table, separators=(",", ":")) + "\n")
+    print(f"{OUT}: {len(ranked)} ids ({OUT.stat().st_size:,} bytes); sources {json.dumps(sources)}")
+    return 0
+
+
+def greedy(args) -> int:
+    from via_sd import DecodeConfig, generate, load_pair
+    from via_sd.bench.inputs import load_prompts
+
+    pair = load_pair("embedded", route="none")
+    out = {}
+    for name in args.sets.split(","):
+        for i, item in enumerate(load_prompts(ROOT / "assets" / "prompts" / f"{name}.jsonl", limit=args.limit)):
+            trace = generate(pair, item["prompt"], "ar", DecodeConfig(gamma=1, max_new_tokens=args.tokens))
+            out[f"{name}/{i}"] = trace.token_ids
+            print(name, i, len(trace.token_ids), flush=True)
+    Path(args.greedy).write_text(json.dumps(out))
+    return 0
+
+
+def coverage(args) -> int:
+    table = json.loads(OUT.read_text())
+    runs = json.loads(Path(args.coverage).read_text())
+    tokens = [t for ids in runs.values() for t in ids]
+    print(f"{len(tokens)} verifier tokens from {len(runs)} prompts")
+    for n in (4096, 8192, 16384, 24576, 32768, 49152, 65536):
+        top = set(table["ids"][:n]) | set(table["special_ids"])
+        per_set = {}
+        for key, ids in runs.items():
+            per_set.setdefault(key.split("/")[0], []).extend(t in top for t in ids)
+        shares = {k: round(sum(v) / len(v), 4) for k, v in per_set.items()}
+        print(f"N={n:6d}: {sum(t in top for t in tokens) / len(tokens):.4f} in the top N  {shares}")
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bytes", type=int, default=6_000_000, help="characters of text per source group")
+    parser.add_argument("--keep", type=int, default=65536, help="ids kept in the asset")
+    parser.add_argument("--greedy", help="run the verifier greedily on the prompt sets, save its tokens here")
+    parser.add_argument("--sets", default=",".join(PROMPT_SETS))
+    parser.add_argument("--limit", type=int, default=3, help="prompts per set for --greedy")
+    parser.add_argument("--tokens", type=int, default=64, help="new tokens per prompt for --greedy")
+    parser.add_argument("--coverage", help="a --greedy file: print the share of its tokens in the top N")
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.greedy:
+        return greedy(args)
+    if args.coverage:
+        return coverage(args)
+    return build(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""GGUF tensors -> integer codes with per-group scale and offset, straight from the blocks.
+
+Every GGUF block type we take is, per group of `group` weights along a row, an affine map of small
+unsigned integer codes:
+
+    w = (codes - zero) * scale [+ offset]
+
+    type   bits group  zero  scale          offset
+    Q4_0    4    32     8    d              -
+    Q4_1    4    32     0    d              m
+    Q5_0    5    32    16    d              -
+    Q5_1    5    32     0    d              m
+    Q8_0    8    32   128    d              -
+    Q4_K    4    32     0    d * sc[j]      -dmin * m[j]
+    Q5_K    5    32     0    d * sc[j]      -dmin * m[j]
+    Q6_K    6    16    32    d * sc[j]      -
+
+computed in float32 in the same order as the `gguf` package's reference de-quantizer, so
+`dequantize(decompose(...))` equals `gguf.quants.dequantize(...)` bit for bit. F32 / F16 / BF16
+tensors stay floats. Anything else (IQ*, Q2_K, Q3_K, TQ*, MXFP4...) is an UnsupportedTensorType.
+Nothing here builds the whole float model: one tensor at a time, as numpy arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+
+class UnsupportedTensorType(ValueError):
+    """A GGUF tensor type we cannot unpack; names the type, the tensor and the file."""
+
+
+@dataclass
+class Codes:
+    """A [rows, cols] weight as codes (uint8, one per weight) with per-group scale / offset."""
+
+    codes: np.ndarray            # uint8 [rows, cols]
+    scale: np.ndarray            # float32 [rows, cols // group]
+    offset: np.ndarray | None    # float32 [rows, cols // group] or None
+    zero: int
+    bits: int
+    group: int
+    type: str
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self) -> np.ndarray:
+        rows, cols = self.codes.shape
+        q = (self.codes.astype(np.int16) - self.zero).astype(np.float32).reshape(rows, -1, self.group)
+        w = q * self.scale[..., None]
+        if self.offset is not None:
+            w = w + self.offset[..., None]
+        return w.reshape(rows, cols)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, runs: int, width: int) -> np.ndarray:
+    """Low nibbles of each run of `width` bytes, then their high nibbles (ggml's order)."""
+    n = qs.shape[0]
+    q = qs.reshape(n, runs, 1, width) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    return (q & np.uint8(0x0F)).reshape(n, runs * 2 * width)
+
+
+def _high_bits32(qh: np.ndarray) -> np.ndarray:
+    """Bit i of a little-endian uint32 per block, i = 0..31."""
+    return np.unpackbits(qh, axis=1, bitorder="little")
+
+
+def _q4_0(b):
+    d, qs = b[:, :2], b[:, 2:]
+    return _nibbles(qs, 1, 16), _f16(d), None, 8, 4, 32
+
+
+def _q4_1(b):
+    d, m, qs = b[:, :2], b[:, 2:4], b[:, 4:]
+    return _nibbles(qs, 1, 16), _f16(d), _f16(m), 0, 4, 32
+
+
+def _q5_0(b):
+    d, qh, qs = b[:, :2], b[:, 2:6], b[:, 6:]
+    return _nibbles(qs, 1, 16) | (_high_bits32(qh) << np.uint8(4)), _f16(d), None, 16, 5, 32
+
+
+def _q5_1(b):
+    d, m, qh, qs = b[:, :2], b[:, 2:4], b[:, 4:8], b[:, 8:]
+    return _nibbles(qs, 1, 16) | (_high_bits32(qh) << np.uint8(4)), _f16(d), _f16(m), 0, 5, 32
+
+
+def _q8_0(b):
+    d, x = b[:, :2], b[:, 2:]
+    return (x.view(np.int8).astype(np.int16) + 128).astype(np.uint8), _f16(d), None, 128, 8, 32
+
+
+def _k_scales(b):
+    from gguf.quants import Q4_K
+
+    d, dmin, scales = _f16(b[:, :2]), _f16(b[:, 2:4]), b[:, 4:16]
+    sc, m = Q4_K.get_scale_min(scales.copy())
+    return d * sc.astype(np.float32), -(dmin * m.astype(np.float32))
+
+
+def _q4_k(b):
+    scale, offset = _k_scales(b)
+    return _nibbles(b[:, 16:], 4, 32), scale, offset, 0, 4, 32
+
+
+def _q5_k(b):
+    scale, offset = _k_scales(b)
+    n = b.shape[0]
+    qh, qs = b[:, 16:48], b[:, 48:]
+    high = (qh.reshape(n, 1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & np.uint8(1)
+    return _nibbles(qs, 4, 32) | (high.reshape(n, 256) << np.uint8(4)), scale, offset, 0, 5, 32
+
+
+def _q6_k(b):
+    n = b.shape[0]
+    ql, qh, scales, d = b[:, :128], b[:, 128:192], b[:, 192:208], b[:, 208:210]
+    scale = _f16(d) * scales.copy().view(np.int8).astype(np.float32)
+    low = _nibbles(ql, 2, 64)
+    high = (qh.reshape(n, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 4, 1)) & np.uint8(3)
+    return low | (high.reshape(n, 256) << np.uint8(4)), scale, None, 32, 6, 16
+
+
+DECOMPOSE = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
+             "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k}
+FLOAT_TYPES = ("F32", "F16", "BF16")
+SUPPORTED = (*FLOAT_TYPES, *DECOMPOSE)
+
+
+def decompose(data: np.ndarray, type_name: str, shape: tuple[int, int], where: str = "") -> Codes:
+    """Raw blocks of a [rows, cols] tensor (uint8, [rows, bytes_per_row]) -> Codes."""
+    if type_name not in DECOMPOSE:
+        raise UnsupportedTensorType(f"GGUF tensor type {type_name} is not supported{where}; "
+                                    f"supported: {', '.join(SUPPORTED)}")
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    rows, cols = shape
+    blocks = np.ascontiguousarray(data).view(np.uint8).reshape(rows * cols // block, nbytes)
+    codes, scale, offset, zero, bits, group = DECOMPOSE[type_name](blocks)
+    return Codes(codes.reshape(rows, cols), scale.reshape(rows, cols // group).astype(np.float32),
+                 None if offset is None else offset.reshape(rows, cols // group).astype(np.float32),
+                 zero, bits, group, type_name)
+
+
+def gguf_tensors(reader, path: str | Path = ""):
+    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GGUFReader, one at a time."""
+    for t in reader.tensors:
+        kind = t.tensor_type.name
+        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ggml lists the fastest dim first
+        if kind in FLOAT_TYPES:
+            data = np.asarray(t.data)
+            if kind == "BF16":
+                data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+            yield t.name, data.reshape(shape)
+        elif len(shape) == 2:
+            yield t.name, decompose(t.data, kind, shape, where=f" (tensor {t.name} in {path})")
+        else:
+            raise UnsupportedTensorType(f"GGUF tensor {t.name} in {path}: type {kind} with shape {shape} "
+                                        "is not supported (quantized tensors must be 2-D)")
+
+
+def dequantize_codes(codes, scale, offset, info: dict, rows: slice = slice(None)) -> torch.Tensor:
+    """(codes - zero) * scale [+ offset] per group, float32, for the given rows."""
+    codes, scale = codes[rows], scale[rows]
+    n, k = codes.shape
+    w = (codes.to(torch.int16) - info["zero"]).float().view(n, -1, info["group"]) * scale[..., None]
+    if offset is not None:
+        w = w + offset[rows][..., None]
+    return w.view(n, k)

@@ -1,0 +1,120 @@
+"""The ends of a low-bit model: the embedding table, and output heads that re-score or narrow the vocabulary.
+
+    LowbitEmbedding  the GGUF's codes with per-group scale / offset; only looked-up rows are de-quantized
+    RescoredHead     a verifier's int4 head whose best k logits are re-scored exactly (its top-1 is exact)
+    FrequentHead     a drafter's head over the N most frequent tokens only (FR-Spec, arXiv 2502.14856)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .int4 import Int4Linear, pack_nibbles, unpack_nibbles
+
+
+class RescoredHead(nn.Module):
+    """An output head in low-bit weights whose best `k` logits are re-scored exactly.
+
+    The low-bit head scores the whole vocabulary (fast, bf16-rounded: at a logit of 20 a bf16 step is
+    0.125, wider than many top-1 / top-2 gaps); then the `k` best rows are de-quantized exactly
+    (`exact_rows(ids) -> float32 [..., k, hidden]`, e.g. from the GGUF codes) and their logits
+    recomputed in fp32. Every other logit is clamped strictly below the lowest re-scored one, so the
+    argmax is always a re-scored token (re-scoring can lower all k below the low-bit logit of token
+    k + 1; that token, never re-scored, must not win). So the top token is the exact weights' top token
+    unless that one fell outside the low-bit top k. Every row is computed on its own, whatever the batch."""
+
+    def __init__(self, head: nn.Module, exact_rows, k: int = 16):
+        super().__init__()
+        self.head, self.exact_rows, self.k = head, exact_rows, min(k, head.out_features)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    @property
+    def out_features(self) -> int:
+        return self.head.out_features
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.rescore(self.head(h), h)
+
+    def rescore(self, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """`logits`: the low-bit head's fresh output for `h` (changed in place)."""
+        top = logits.topk(self.k, dim=-1).indices
+        exact = (self.exact_rows(top) * h.float().unsqueeze(-2)).sum(-1)
+        if self.head.bias is not None:
+            exact = exact + self.head.bias[top]
+        floor = torch.nextafter(exact.amin(-1, keepdim=True), torch.tensor(float("-inf")))
+        torch.minimum(logits, floor, out=logits)
+        return logits.scatter_(-1, top, exact)
+
+
+class FrequentHead(nn.Module):
+    """A drafter's output head that scores only `ids`, the N most frequent tokens; every other logit is
+    -inf. One int4 matmul over N rows instead of the whole vocabulary (151,936 x 896 on the embedded
+    drafter: the largest single matmul of a drafter step).
+
+    What changes for speculative decoding: the drafter never proposes a token outside the N, and its
+    distribution p is renormalised over them, so p(x) of a proposed token rises by the probability mass
+    the full head gave the rest (small when N covers the text's tokens). Lossless either way: the
+    verifier decides every token (greedy SD keeps a draft iff it is the verifier's argmax; sampled SD's
+    rejection rule stays exact for any p with p(x) > 0 where a draft x is proposed). In VIA-SD's draft
+    signal p(x) is the confidence that sorts drafts into tiers, so p(x) a little higher means a draft is
+    a little more often kept without a verifier (tier A): thresholds tuned on the full head are slightly
+    more permissive on this one. The verifier's head is never narrowed."""
+
+    def __init__(self, head: Int4Linear, ids: torch.Tensor):
+        super().__init__()
+        ids = torch.as_tensor(ids, dtype=torch.long).sort().values
+        self.vocab = head.out_features
+        self.head = head.select_rows(ids)
+        self.register_buffer("ids", ids, persistent=False)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.head.weight
+
+    @property
+    def out_features(self) -> int:
+        return self.vocab
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        small = self.head(h)
+        out = torch.full((*small.shape[:-1], self.vocab), float("-inf"), dtype=small.dtype)
+        return out.index_copy_(-1, self.ids, small)
+
+    def extra_repr(self) -> str:
+        return f"{len(self.ids)} of {self.vocab} tokens"
+
+
+class LowbitEmbedding(nn.Module):
+    """An embedding table kept as integer codes with per-group scale / offset (as the GGUF stores
+    it); only the looked-up rows are de-quantized."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor | None, zero: int, group: int,
+                 padding_idx=None, packed: bool = False):
+        """`packed`: `codes` already holds 4-bit codes two to a byte (low nibble = even column)."""
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = codes.shape[0], codes.shape[1] * (2 if packed else 1)
+        self.zero, self.group, self.padding_idx = zero, group, padding_idx
+        self.nibbles = packed or int(codes.max()) < 16  # 4-bit codes: two to a byte
+        if self.nibbles and not packed:
+            codes = pack_nibbles(codes)
+        self.codes = nn.Parameter(codes.to(torch.uint8).contiguous(), requires_grad=False)
+        self.register_buffer("scale", scale.float().contiguous())
+        self.register_buffer("offset", None if offset is None else offset.float().contiguous())
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.codes
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        q = self.codes[ids]
+        if self.nibbles:
+            q = unpack_nibbles(q)
+        q = q.float() - self.zero
+        q = q.view(*ids.shape, -1, self.group) * self.scale[ids][..., None]
+        if self.offset is not None:
+            q = q + self.offset[ids][..., None]
+        return q.view(*ids.shape, self.embedding_dim)
