@@ -239,7 +239,7 @@ def test_a_file_that_is_not_a_trace_gives_a_clear_message(content, message, tmp_
 
 
 def test_sweep_measures_a_frontier_and_rejects_bad_grids():
-    fig, status = lab.measure_sweep(PROMPT, "random", 4, "slim", 0.0, 12, 0, "default", "0.5, 0.9", "0.0, 0.3",
+    fig, status = lab.measure_sweep(PROMPT, "random", 4, "slim", 0.0, 8, 0, "default", "0.5, 0.9", "0.0",
                                     0.5, 0.0)
     assert 'data-kind="ok"' in status and isinstance(fig, go.Figure)
     names = [d.name for d in fig.data]

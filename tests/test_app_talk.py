@@ -233,6 +233,14 @@ def test_a_preset_without_a_route_starts_provisional_and_searches_a_better_one(m
         return pair
 
     monkeypatch.setattr(studio.models, "load_pair", load_like_a_hub_preset)
+    searched = []
+
+    def search(pair, progress=None, stop=None):  # the engine's search has its own tests: the app's part here
+        searched.append((pair, stop))
+        return via_sd.Route("random-s25", ("attn.1", "mlp.2"), pair.verifier.config.num_hidden_layers,
+                            {"method": "searched", "search": {"objective": "agreement", "evaluations": 3}})
+
+    monkeypatch.setattr(lab, "route_for", search)
     try:
         shared = MODELS.pair("random-unrouted")
         assert "provisional" in MODELS.status("random-unrouted")
@@ -243,7 +251,8 @@ def test_a_preset_without_a_route_starts_provisional_and_searches_a_better_one(m
         assert 'data-kind="ok"' in status and "searched" in status.lower(), status
         assert not MODELS.default_route("random-unrouted").meta.get("provisional") and row.visible is False
         assert shared.route.meta.get("provisional"), "the shared pair itself never changes"
-        assert not MODELS.view(shared, "random-unrouted", "default").route.meta.get("provisional")
-        assert list(tmp_path.rglob("*.json")), "the searched route is cached"
+        assert MODELS.view(shared, "random-unrouted", "default").route.skip == ("attn.1", "mlp.2")
+        (pair, stop), = searched
+        assert pair is not shared and not stop.is_set(), "the search ran on its own view, with a stop switch"
     finally:
         MODELS.free()
