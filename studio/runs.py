@@ -76,12 +76,13 @@ def with_replacements(candidates: list[dict], pair, greedy: bool) -> list[dict]:
     return candidates
 
 
-def _run_duration(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, *rest, **kw):
-    with_ar = rest[1] if len(rest) > 1 else kw.get("with_ar", True)
+def run_duration(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed=0, route=None,
+                 with_ar=True, *rest, **kw) -> int:
+    """ZeroGPU's `duration` for a run: called with the run's own arguments (see `studio.gpu`)."""
     return run_seconds(max_new_tokens, ("via", "sd", "ar") if with_ar else ("via", "sd"))
 
 
-@gpu(duration=_run_duration)
+@gpu(duration=run_duration)
 def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
                 with_ar=True, pace=0, ticket=None, request: gr.Request = None, progress=gr.Progress()):
     """Run VIA-SD, then plain SD (then AR), streaming each pane as its tokens are decided.

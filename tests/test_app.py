@@ -258,6 +258,10 @@ def test_examples_cover_every_task_and_gpu_is_a_no_op_here_with_a_duration_for_t
 
     assert gpu(60)(f) is f  # the `spaces` package is not installed here
     assert run_seconds(512) == MAX_RUN_S >= 200 > run_seconds(64) > 30, "the longest run fits, a short one asks less"
+    longest = list(RUN_ARGS)
+    longest[7], longest[10] = 512, True
+    assert runs.run_duration(*longest, 0, None, request=None, progress=None) == MAX_RUN_S
+    assert runs.run_duration(*RUN_ARGS) < run_seconds(32), "without AR a run asks for less"
 
 
 # ---- a live server driven by gradio_client ---------------------------------------------------------
