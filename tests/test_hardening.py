@@ -5,6 +5,9 @@ adds later are covered without touching this file. The hostile-trace test mutate
 those traces in turn (HTML payloads, NaN / Infinity, negatives, wrong types, deep nesting, huge
 strings): each upload is refused with a message naming the field, or rendered with the payload
 escaped. The browser test checks that no payload runs in a real page.
+
+The handlers live in `studio/` (runs, views, lab, models, downloads, sessions); `app.py` keeps the page's
+layout and wiring (`build_demo`, `load_preset`, `forget_session`).
 """
 
 from __future__ import annotations
@@ -19,9 +22,14 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
 import app
+import studio.downloads
+from studio import lab, runs, views
+from studio.downloads import DOWNLOADS
+from studio.models import MODELS
 from via_sd import DecodeConfig, Thresholds, Trace, generate
 from via_sd.trace_check import MAX_DEPTH, TraceError, check_trace, json_depth, load_trace_json
 from viz import what_if
@@ -48,14 +56,14 @@ def traces(tiny_routed_pair):
 
 
 def request(session: str):
-    """What Gradio hands a handler: the session, and the queued HTTP request with its state."""
-    return SimpleNamespace(session_hash=session, request=SimpleNamespace(state=SimpleNamespace()))
+    """What Gradio hands a handler: its session (tickets and download folders are kept per session hash)."""
+    return SimpleNamespace(session_hash=session)
 
 
 def upload(tmp_path: Path, data, name="trace.json"):
     path = tmp_path / name
     path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
-    return app.replay_upload([str(path)])
+    return views.replay_upload([str(path)])
 
 
 # ---- the gate: every field of real traces ---------------------------------------------------------
@@ -148,10 +156,10 @@ def html_outputs(out) -> str:
     the what-if card."""
     state = out[5] if isinstance(out[5], dict) else {}
     pages = [o for o in out[:5] if isinstance(o, str)]
-    main = app._learn_trace(state)
+    main = views.learn_trace(state)
     for k in range(1, len(main.rounds) + 1 if main else 2):
-        pages.append(app.learn_view(state, k))
-    pages.append(app.what_if_card(state, 0.5, 0.1, "slim"))
+        pages.append(views.learn_view(state, k))
+    pages.append(lab.what_if_card(state, 0.5, 0.1, "slim"))
     return "".join(pages)
 
 
@@ -222,8 +230,8 @@ def test_depth_and_size_are_checked_before_parsing_with_no_recursion_error(tmp_p
     assert json_depth('{"a": "[[[[{{{{", "b": [{"c": "\\"["}]}') == 3  # brackets inside strings do not count
     big = tmp_path / "big.json"
     with open(big, "wb") as f:
-        f.truncate(app.MAX_UPLOAD_BYTES + 1)
-    out = app.replay_upload([str(big)])
+        f.truncate(views.MAX_UPLOAD_BYTES + 1)
+    out = views.replay_upload([str(big)])
     assert 'data-kind="error"' in out[4] and "larger than" in out[4]
     for text, words in [("[]", "empty list"), ("1" * 5000, "not JSON"), ("[1, 2]", "not a trace object")]:
         assert words in upload(tmp_path, text)[4]
@@ -231,7 +239,7 @@ def test_depth_and_size_are_checked_before_parsing_with_no_recursion_error(tmp_p
 
 def test_warning_toasts_escape_what_the_upload_carried(traces, tmp_path, monkeypatch):
     shown = []
-    monkeypatch.setattr(app.gr, "Warning", lambda message, *a, **k: shown.append(message))
+    monkeypatch.setattr(gr, "Warning", lambda message, *a, **k: shown.append(message))
     data = traces["via"].to_dict()
     data["schema"] = XSS[0]
     upload(tmp_path, json.dumps(data))
@@ -247,15 +255,15 @@ def test_warning_toasts_escape_what_the_upload_carried(traces, tmp_path, monkeyp
 
 def test_a_stop_pressed_while_the_run_waits_in_the_queue_cancels_that_run():
     queued = request("queued-stop")
-    app.mark_queued(queued)  # what the event's validator does when the run enters the queue
-    app.stop_run(queued)  # Stop while it waits
-    outs = list(app.run_compare(*RUN_ARGS, request=queued))
+    ticket, _, _ = runs.take_run_ticket("light", queued)  # what Run's queue=False step does before the queue
+    runs.stop_work(queued)  # Stop while it waits
+    outs = list(runs.run_compare(*RUN_ARGS, ticket=ticket, request=queued))
     assert len(outs) == 1 and 'data-kind="stop"' in outs[0][4] and "before it started" in outs[0][4]
-    assert outs[0][5] == app.gr.skip(), "the traces already shown are kept"
+    assert outs[0][5] == gr.skip(), "the traces already shown are kept"
 
     later = request("queued-stop")  # the next run of the session is not touched by that earlier Stop
-    app.mark_queued(later)
-    outs = list(app.run_compare(*RUN_ARGS, request=later))
+    ticket, _, _ = runs.take_run_ticket("light", later)
+    outs = list(runs.run_compare(*RUN_ARGS, ticket=ticket, request=later))
     assert 'data-kind="ok"' in outs[-1][4] and len(outs[-1][5]["via"].tokens) == 12
 
 
@@ -266,9 +274,9 @@ def test_a_sweep_stops_between_points_and_keeps_what_it_measured():
     def progress(fraction, desc=""):
         reports.append(desc)
         if desc.startswith("sweep 2/"):  # plain SD and the first setting are measured
-            app.stop_run(req)
+            runs.stop_work(req)  # what the Stop button calls
 
-    fig, status = app.measure_sweep(PROMPT, "random", 3, "slim", 0.0, 8, 0, "default", "0.5, 0.9", "0.0, 0.3",
+    fig, status = lab.measure_sweep(PROMPT, "random", 3, "slim", 0.0, 8, 0, "default", "0.5, 0.9", "0.0, 0.3",
                                     0.5, 0.0, request=req, progress=progress)
     assert 'data-kind="stop"' in status and "1 of 4 settings measured" in status
     assert not any(d.startswith("sweep 3/") for d in reports), "no point after the Stop is measured"
@@ -276,11 +284,11 @@ def test_a_sweep_stops_between_points_and_keeps_what_it_measured():
     assert len(tuned) == 1 and len(tuned[0].x) == 1, "the measured point is drawn"
 
     queued = request("sweep-stop")
-    app.mark_queued(queued)
-    app.stop_run(queued)  # Stop while the sweep waits in the queue: nothing is measured
-    fig, status = app.measure_sweep(PROMPT, "random", 3, "slim", 0.0, 8, 0, "default", "0.5, 0.9", "0.0, 0.3",
-                                    0.5, 0.0, request=queued, progress=progress)
-    assert fig == app.gr.skip() and "before it started" in status
+    ticket, _ = lab.take_sweep_ticket("light", queued)  # what Measure sweep's queue=False step does
+    runs.stop_work(queued)  # Stop while the sweep waits in the queue: nothing is measured
+    fig, status = lab.measure_sweep(PROMPT, "random", 3, "slim", 0.0, 8, 0, "default", "0.5, 0.9", "0.0, 0.3",
+                                    0.5, 0.0, ticket=ticket, request=queued, progress=progress)
+    assert fig == gr.skip() and "before it started" in status
 
 
 def test_a_large_grid_is_refused_before_any_work():
@@ -293,7 +301,7 @@ def test_a_large_grid_is_refused_before_any_work():
                                       (", ".join(f"{i / 100:.2f}" for i in range(60)),
                                        ", ".join(f"{i / 100:.2f}" for i in range(60)), "1,830 settings")]:
         start = time.perf_counter()
-        fig, status = app.measure_sweep(PROMPT, "no-such-preset", 4, "slim", 0.0, 12, 0, "default", accepts,
+        fig, status = lab.measure_sweep(PROMPT, "no-such-preset", 4, "slim", 0.0, 12, 0, "default", accepts,
                                         escalates, 0.5, 0.0)
         elapsed = time.perf_counter() - start
         assert fig is None and 'data-kind="error"' in status and words in status
@@ -304,33 +312,33 @@ def test_a_large_grid_is_refused_before_any_work():
 
 def test_trace_table_refreshes_reuse_one_temp_folder_per_session(traces, monkeypatch):
     state = {"via": traces["via"], "sd": traces["sd"]}
-    app.trace_table(state, "via", request("downloads-a"))  # the process's folder exists from here on
+    views.trace_table(state, "via", request("downloads-a"))  # the process's folder exists from here on
 
     def no_new_folders(*args, **kwargs):
         raise AssertionError("a refresh made a new temp folder")
 
-    monkeypatch.setattr(app.tempfile, "mkdtemp", no_new_folders)
+    monkeypatch.setattr(studio.downloads.tempfile, "mkdtemp", no_new_folders)
     paths = set()
     for n in range(12):
         session = ("downloads-a", "downloads-b")[n // 2 % 2]
-        _, json_path, csv_path = app.trace_table(state, ("via", "sd")[n % 2], request(session))
+        _, json_path, csv_path = views.trace_table(state, ("via", "sd")[n % 2], request(session))
         paths |= {json_path, csv_path}
         assert Trace.from_json(Path(json_path).read_text(encoding="utf-8")) == state[("via", "sd")[n % 2]]
     assert len(paths) == 8, "one JSON and one CSV per method and session, overwritten at each refresh"
     roots = {Path(p).parent.parent for p in paths}
-    assert roots == {app._downloads["root"]} and roots.pop().name.startswith("via-sd-")
-    evil = app.download_dir(SimpleNamespace(session_hash="../../../etc"))
-    assert evil.parent == app._downloads["root"], "a session hash never names another path"
+    assert roots == {DOWNLOADS._root} and roots.pop().name.startswith("via-sd-")
+    evil = DOWNLOADS.folder(SimpleNamespace(session_hash="../../../etc"))
+    assert evil.parent == DOWNLOADS._root, "a session hash never names another path"
     folders = {Path(p).parent for p in paths}
-    left = app._downloads["root"] / app._session_folder(request("downloads-a"))
+    left = DOWNLOADS._root / DOWNLOADS._name(request("downloads-a"))
     assert left in folders and len(folders) == 2
     app.forget_session(request("downloads-a"))  # that visitor closed the page: their files go
     assert not left.exists() and all(f.exists() for f in folders - {left})
 
 
 def test_the_download_folder_is_removed_at_exit(tmp_path):
-    code = ("import app, via_sd; t = via_sd.generate(via_sd.tiny_random_pair(seed=0), 'hi', 'sd', "
-            "via_sd.DecodeConfig(gamma=2, max_new_tokens=4)); print(app.trace_table({'sd': t}, 'sd')[1])")
+    code = ("import app, via_sd; from studio import views; t = via_sd.generate(via_sd.tiny_random_pair(seed=0), "
+            "'hi', 'sd', via_sd.DecodeConfig(gamma=2, max_new_tokens=4)); print(views.trace_table({'sd': t}, 'sd')[1])")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -343,10 +351,15 @@ def test_the_download_folder_is_removed_at_exit(tmp_path):
 
 @pytest.mark.parametrize("seed", [None, 2**70, 1.5, float("nan"), -1, "7"])
 def test_bad_seeds_get_the_pages_message(seed):
-    outs = list(app.run_compare(*RUN_ARGS[:8], seed, "default", False))
+    outs = list(runs.run_compare(*RUN_ARGS[:8], seed, "default", False))
     status = outs[-1][4]
     assert 'data-kind="error"' in status and "seed must be a whole number from 0 to 4,294,967,295" in status
-    assert outs[-1][5] == {}
+    assert no_traces(outs[-1][5])
+
+
+def no_traces(record: dict) -> bool:
+    """A run record with nothing decoded: only the run's own bookkeeping (its ticket and preset)."""
+    return isinstance(record, dict) and set(record) <= {"ticket", "preset"} and not runs.runs_of(record)
 
 
 def test_learn_accepts_every_round_of_the_trace_and_only_those(traces):
@@ -354,21 +367,30 @@ def test_learn_accepts_every_round_of_the_trace_and_only_those(traces):
     rounds = len(traces["via"].rounds)
     assert rounds > 2
     for k in range(1, rounds + 1):
-        assert f"round {k} of {rounds}" in app.learn_view(state, k)
+        assert f"round {k} of {rounds}" in views.learn_view(state, k)
     for k in (0, rounds + 1, 2.5, None, "3", -1):
-        view = app.learn_view(state, k)
+        view = views.learn_view(state, k)
         assert 'data-state="error"' in view and f"from 1 to {rounds}" in view
 
 
 def test_what_if_never_estimates_more_tokens_than_the_runs_limit(traces):
     trace = traces["via"]
     limit = trace.config["max_new_tokens"]
-    everything_kept = {"accept": 0.0, "escalate": 0.0}  # tier A for every draft, plus the slim verifier's bonus
     unlimited = replace(trace, config={**trace.config, "max_new_tokens": 10**6})
-    assert what_if(unlimited, everything_kept)["new_tokens"] > limit, "without the cap the estimate would exceed it"
-    est = what_if(trace, everything_kept)
-    assert est["new_tokens"] == limit and sum(est["tier_counts"].values()) == limit
-    assert any("capped" in n for n in est["notes"])
+    # Since via_sd.plan (59f3ef5) a round all in tier A runs no verifier pass and so has no bonus token, so
+    # "tier A for every draft" no longer overshoots on these drafts; every setting of a grid is checked instead,
+    # and the ones whose estimate would exceed the limit without the cap (e.g. every draft to the full model,
+    # whose all-kept rounds add its bonus token) show the cap at work.
+    settings = [{"accept": a, "escalate": e, "signal": signal} for signal in ("slim", "draft")
+                for a in (0.0, 0.3, 0.6, 0.9, 1.0) for e in (0.0, 0.3, 0.6, 0.9, 1.0) if e <= a]
+    overshoot = [th for th in settings if what_if(unlimited, th)["new_tokens"] > limit]
+    assert overshoot, "without the cap some estimate would exceed the limit"
+    for th in settings:
+        est = what_if(trace, th)
+        assert est["new_tokens"] <= limit and sum(est["tier_counts"].values()) == est["new_tokens"], th
+        if th in overshoot:
+            assert est["new_tokens"] == limit and sum(est["tier_counts"].values()) == limit, th
+            assert any("capped" in n for n in est["notes"]), th
     own = what_if(trace, trace.config["thresholds"])
     assert own["new_tokens"] == len(trace.tokens), "the recorded thresholds still reproduce the recording"
 
@@ -378,7 +400,7 @@ def test_what_if_never_estimates_more_tokens_than_the_runs_limit(traces):
 def test_the_preset_is_locked_on_a_space_and_free_locally(monkeypatch):
     monkeypatch.delenv("VIA_SD_LOCK_PRESET", raising=False)
     monkeypatch.delenv("SPACE_ID", raising=False)
-    app.check_preset("embedded")  # locally any preset may be chosen
+    MODELS.check_preset("embedded")  # locally any preset may be chosen (checked, not loaded)
     assert _preset_control(app.build_demo("random"))["interactive"] is not False
 
     monkeypatch.setenv("SPACE_ID", "someone/via-sd-studio")
@@ -388,9 +410,9 @@ def test_the_preset_is_locked_on_a_space_and_free_locally(monkeypatch):
     assert control["value"] == "random"
     device, status = app.load_preset("embedded")
     assert 'data-kind="error"' in status and "fixed on this shared deployment" in status
-    outs = list(app.run_compare(*RUN_ARGS[:1], "embedded", *RUN_ARGS[2:]))
-    assert "fixed on this shared deployment" in outs[-1][4] and outs[-1][5] == {}
-    app.check_preset("random")  # the preset the page serves stays usable
+    outs = list(runs.run_compare(*RUN_ARGS[:1], "embedded", *RUN_ARGS[2:]))
+    assert "fixed on this shared deployment" in outs[-1][4] and no_traces(outs[-1][5])
+    MODELS.check_preset("random")  # the preset the page serves stays usable
 
     monkeypatch.delenv("SPACE_ID")
     monkeypatch.setenv("VIA_SD_LOCK_PRESET", "1")
@@ -417,34 +439,17 @@ def server():
     demo.close()
 
 
-def test_client_stop_while_queued_cancels_the_queued_run_and_api_checks_inputs(server):
+def test_the_api_checks_its_inputs_like_the_page(server):
     from gradio_client import Client
 
-    busy, waiting = Client(server, verbose=False), Client(server, verbose=False)
-    long_run = list(RUN_ARGS)
-    long_run[7] = 512
-    first = busy.submit(*long_run, api_name="/run")
-    deadline = time.time() + 120
-    while time.time() < deadline and first.status().code.name not in ("PROCESSING", "ITERATING"):
-        time.sleep(0.05)
-    queued = waiting.submit(*RUN_ARGS, api_name="/run")  # waits behind the busy session's run
-    time.sleep(0.5)
-    assert not queued.done()
-    waiting.predict(api_name="/stop")
-    busy.predict(api_name="/stop")
-    while not queued.done():
-        time.sleep(0.05)
-    status = queued.outputs()[-1][4]
-    assert 'data-kind="stop"' in status and "before it started" in status
-    assert 'data-kind="stop"' in first.outputs()[-1][4]
-
-    outs = waiting.predict(*RUN_ARGS, api_name="/run")  # the next run of that session runs in full
+    client = Client(server, verbose=False)
+    outs = client.predict(*RUN_ARGS, api_name="/run")
     assert 'data-kind="ok"' in outs[4]
     rounds = int(re.search(r"(\d+) rounds", outs[0]).group(1))
     assert rounds > 2
-    assert f"round {rounds} of {rounds}" in waiting.predict(rounds, api_name="/learn")
-    assert "does not exist" in waiting.predict(rounds + 1, api_name="/learn")
-    bad_seed = waiting.predict(*RUN_ARGS[:8], 2**70, *RUN_ARGS[9:], api_name="/run")
+    assert f"round {rounds} of {rounds}" in client.predict(rounds, api_name="/learn")
+    assert "does not exist" in client.predict(rounds + 1, api_name="/learn")
+    bad_seed = client.predict(*RUN_ARGS[:8], 2**70, *RUN_ARGS[9:], api_name="/run")
     assert "seed must be a whole number" in bad_seed[4]
 
 
@@ -498,3 +503,33 @@ def test_no_uploaded_payload_runs_in_the_page(traces, server, tmp_path):
         page.evaluate("html => document.body.insertAdjacentHTML('beforeend', html)", XSS[0])
         page.wait_for_function("window.__xss === 1", timeout=10_000)
         browser.close()
+
+
+# ---- through the API: a Stop while queued -----------------------------------------------------------
+# Last in the file: this is the API twin of test_a_stop_pressed_while_the_run_waits_in_the_queue_cancels_that_run
+# (the page's path is covered there and in test_app_browser.py).
+
+def test_client_stop_while_queued_cancels_the_queued_run(server):
+    from gradio_client import Client
+
+    busy, waiting = Client(server, verbose=False), Client(server, verbose=False)
+    long_run = list(RUN_ARGS)
+    long_run[7] = 512
+    first = busy.submit(*long_run, api_name="/run")
+    deadline = time.time() + 120
+    while time.time() < deadline and first.status().code.name not in ("PROCESSING", "ITERATING"):
+        time.sleep(0.05)
+    queued = waiting.submit(*RUN_ARGS, api_name="/run")  # waits behind the busy session's run
+    time.sleep(0.5)
+    assert not queued.done()
+    waiting.predict(api_name="/stop")
+    busy.predict(api_name="/stop")
+    while not queued.done():
+        time.sleep(0.05)
+    status = queued.outputs()[-1][4]
+    assert 'data-kind="stop"' in status and "before it started" in status
+    assert 'data-kind="stop"' in first.outputs()[-1][4]
+
+    outs = waiting.predict(*RUN_ARGS, api_name="/run")  # the next run of that session runs in full
+    assert 'data-kind="ok"' in outs[4]
+    assert int(re.search(r"(\d+) rounds", outs[0]).group(1)) > 2
