@@ -6,11 +6,12 @@
     python scripts/gpu_check.py --pair embedded --device cpu --out ...  # the embedded pair's shapes
 
 Builds random-weight models from the real configurations (written inline below), then
-1. decodes: `via_sd.generate` with AR, SD, VIA-SD (progressive and separate slim / full passes) and
-   VIA-SD under the `lossless` thresholds, greedy, --decode-tokens new tokens each, and reports whether
-   greedy SD equals AR (and if not, where it first differs and the verifier's logit margin there),
-   whether progressive equals separate, whether lossless equals SD, the time and tokens/s of each
-   method, and any error (a failing method is reported, the others still run);
+1. decodes: `via_sd.generate` with AR, SD, VIA-SD (the engine's defaults; progressive with the slim
+   view's own cache; separate slim / full passes) and VIA-SD under the `lossless` thresholds, greedy,
+   --decode-tokens new tokens each, and reports whether greedy SD equals AR (and if not, where it first
+   differs and the verifier's logit margin there), whether progressive equals separate, whether
+   lossless equals SD, the time and tokens/s of each method, and any error (a failing method is
+   reported, the others still run);
 2. times forward passes over n new tokens for n in --lengths after --context cached tokens: the
    drafter (1 logit row kept), the full verifier and the slim verifier of each route (gamma+1 rows
    kept, as when verifying); each time is the median of --iters calls after warm-up calls, with every
@@ -155,7 +156,8 @@ def decode_check(drafter, verifier, route, names, device, dtype, tokens: int, ga
     weights = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype).replace("torch.", ""))
     pair = ModelPair(drafter, verifier, SlimVerifier(verifier, route), char_tokenizer(), names[0], names[1], device,
                      dtype, weights)
-    runs = {"ar": ("ar", {}), "sd": ("sd", {}), "via": ("via", {"progressive": True}),
+    runs = {"ar": ("ar", {}), "sd": ("sd", {}), "via": ("via", {}),  # the engine's defaults (progressive)
+            "via_own_cache": ("via", {"progressive": True, "slim_cache": "own"}),
             "via_separate": ("via", {"progressive": False}),
             "via_lossless": ("via", {"thresholds": Thresholds.preset("lossless")})}
     results, ids = {}, {}
@@ -181,7 +183,9 @@ def decode_check(drafter, verifier, route, names, device, dtype, tokens: int, ga
     prompt_ids = pair.encode(PROMPT)
     out = {"prompt_tokens": len(prompt_ids), "max_new_tokens": tokens, "gamma": gamma, "route": list(route.skip),
            "thresholds": "paper", "methods": results}
-    for key, (a, b) in {"sd_equals_ar": ("ar", "sd"), "progressive_equals_separate": ("via_separate", "via"),
+    # progressive with the slim view's own cache is the same slim network as separate passes; the default
+    # slim_cache="full" (the slim view reads the full verifier's cache) is a different one by design
+    for key, (a, b) in {"sd_equals_ar": ("ar", "sd"), "progressive_equals_separate": ("via_separate", "via_own_cache"),
                         "lossless_equals_sd": ("sd", "via_lossless")}.items():
         out[key] = compare(pair, prompt_ids, ids[a], ids[b]) if a in ids and b in ids else {"equal": None}
     return out

@@ -196,17 +196,17 @@ def test_the_gpu_check_runs_its_decode_loop_tiny_on_cpu(tmp_path):
     assert gpu_check.main(["--cpu-smoke", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     decode = result["decode"]
-    assert set(decode["methods"]) == {"ar", "sd", "via", "via_separate", "via_lossless"}
+    assert set(decode["methods"]) == {"ar", "sd", "via", "via_own_cache", "via_separate", "via_lossless"}
     assert all(m["new_tokens"] == decode["max_new_tokens"] for m in decode["methods"].values())
     assert decode["sd_equals_ar"]["equal"] is True  # fp32 on CPU: exact
-    assert decode["lossless_equals_sd"]["equal"] is True and "equal" in decode["progressive_equals_separate"]
+    assert decode["lossless_equals_sd"]["equal"] is True and decode["progressive_equals_separate"]["equal"] is True
     assert result["ms"]["full"] and result["errors"] == []
 
 
 def test_progressive_via_equals_separate_passes_and_lossless_equals_sd_on_int4_with_long_catch_ups(pair):
-    """Drafts of 64 (the draft signal, no bound on unverified runs): the verifiers' passes over their caches exceed
-    64 rows; with row attention every row is still computed as a one-token step, so sharing the trunk changes
-    nothing, and everything in tier C is plain SD."""
+    """Drafts of 64, no bound on unverified runs: the verifiers' passes over their caches exceed 64 rows; with row
+    attention every row is still computed as a one-token step, so sharing the trunk (with the slim view's own cache
+    after it) changes nothing, under the draft signal and the slim one, and everything in tier C is plain SD."""
     from via_sd import Thresholds
 
     rows = []
@@ -214,19 +214,25 @@ def test_progressive_via_equals_separate_passes_and_lossless_equals_sd_on_int4_w
     pair.slim.run = lambda h, start, *a, **k: rows.append((start, h.shape[1])) or run(h, start, *a, **k)
     try:
         prompt = "Once upon a time"
-        draft_signal = dict(gamma=64, max_new_tokens=160, temperature=0.0, max_unverified=0,
-                            thresholds=Thresholds(accept=0.5, escalate=0.5, signal="draft"))
-        progressive = generate(pair, prompt, "via", DecodeConfig(**draft_signal, progressive=True))
+        runs = {}
+        for signal, thresholds in (("draft", Thresholds(accept=0.7, escalate=0.4, signal="draft")),
+                                   ("slim", Thresholds.preset("paper"))):
+            common = dict(gamma=64, max_new_tokens=120, temperature=0.0, max_unverified=0, thresholds=thresholds)
+            runs[signal] = [generate(pair, prompt, "via", DecodeConfig(**common, progressive=True, slim_cache="own")),
+                            generate(pair, prompt, "via", DecodeConfig(**common, progressive=False))]
         catch_ups = [n for start, n in rows if start > 0]
-        separate = generate(pair, prompt, "via", DecodeConfig(**draft_signal, progressive=False))
         greedy = dict(gamma=64, max_new_tokens=140, temperature=0.0)
         sd = generate(pair, prompt, "sd", DecodeConfig(**greedy))
         lossless = generate(pair, prompt, "via", DecodeConfig(**greedy, thresholds=Thresholds.preset("lossless")))
     finally:
         del pair.slim.run
     assert max(catch_ups) > 64
-    assert progressive.token_ids == separate.token_ids and len(progressive.token_ids) == 160
+    for progressive, separate in runs.values():
+        assert progressive.token_ids == separate.token_ids and len(progressive.token_ids) == 120
+        assert progressive.summary["tier_counts"] == separate.summary["tier_counts"]
+    assert runs["draft"][0].summary["tier_counts"]["slim"] >= 5  # the slim verifier decided tokens itself
     assert lossless.token_ids == sd.token_ids
+    progressive = runs["draft"][0]
     # every token the full verifier decided is its one-token-step argmax there (a wrong long pass would not be)
     prompt_ids = pair.encode(prompt)
     with torch.inference_mode():
