@@ -98,12 +98,19 @@ def _slim_greedy_ar(pair, prompt: str, n: int) -> list[int]:
 
 
 def test_via_with_accept_1_escalate_0_is_greedy_ar_of_the_slim_verifier(tiny_routed_pair):
-    """Slim signal, accept=1, escalate=0: every draft goes to tier B, so the slim verifier decides everything."""
-    cfg = config(thresholds=Thresholds(accept=1.0, escalate=0.0, signal="slim"), max_new_tokens=24)
-    for prompt in PROMPTS:
-        via = generate(tiny_routed_pair, prompt, "via", cfg)
-        assert via.token_ids == _slim_greedy_ar(tiny_routed_pair, prompt, 24)
-        assert via.summary["full_calls"] == 0 and via.summary["tier_counts"]["slim"] == 24
+    """Slim signal, accept=1, escalate=0: every draft goes to tier B, so the slim verifier decides everything
+    (with a cache of its own: it is then greedy AR of the slim network; reading the full verifier's cache, its
+    context for the prompt is the full verifier's, read once, and no full verification pass runs)."""
+    for slim_cache in ("own", "full"):
+        cfg = config(thresholds=Thresholds(accept=1.0, escalate=0.0, signal="slim"), max_new_tokens=24,
+                     slim_cache=slim_cache)
+        for prompt in PROMPTS:
+            via = generate(tiny_routed_pair, prompt, "via", cfg)
+            if slim_cache == "own":
+                assert via.token_ids == _slim_greedy_ar(tiny_routed_pair, prompt, 24)
+            assert via.summary["full_calls"] == 0 and via.summary["tier_counts"]["slim"] == 24
+            full_reads = [c for r in via.rounds for c in r["calls"] if c["model"] == "full"]
+            assert [c["past"] for c in full_reads] == ([0] if slim_cache == "full" else [])
 
 
 # ---- no wasted passes ---------------------------------------------------------------------------
@@ -354,7 +361,8 @@ def test_progressive_verification_gives_the_same_tokens_and_scores_as_separate_p
     rounds = escalating = 0
     for th in (ALL_TIERS, Thresholds(0.8, 0.3, "slim"), Thresholds(0.95, 0.2, "slim")):
         for prompt in PROMPTS:
-            cfg = config(thresholds=th, temperature=temperature, seed=5, max_new_tokens=48)
+            # the slim view with a cache of its own: the same network as the separate slim verifier
+            cfg = config(thresholds=th, temperature=temperature, seed=5, max_new_tokens=48, slim_cache="own")
             shared = generate(pair, prompt, "via", cfg)
             separate = generate(pair, prompt, "via", DecodeConfig(**{**cfg.__dict__, "progressive": False}))
             assert shared.token_ids == separate.token_ids

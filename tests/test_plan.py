@@ -118,3 +118,15 @@ def test_round_one_reads_the_prompt_once_in_the_shared_layers_and_once_more_per_
                 assert rows[name] == (0 if skipped else L + n) + L + n, (slim_cache, name)
             else:  # the full view reads the prompt but its last token once; the slim view from there
                 assert rows[name] == (0 if skipped else 1 + n) + (L - 1) + (1 + n), (slim_cache, name)
+
+
+def test_a_slim_verifier_reading_the_full_cache_changes_nothing_where_it_never_runs(tiny_routed_pair):
+    for th in (Thresholds.preset("lossless"), Thresholds(accept=0.5, escalate=0.5, signal="draft")):
+        runs = {cache: generate(tiny_routed_pair, "hello world", "via",
+                                DecodeConfig(gamma=4, max_new_tokens=40, chat=False, thresholds=th, slim_cache=cache))
+                for cache in ("own", "full")}
+        assert runs["own"].token_ids == runs["full"].token_ids
+    sd = generate(tiny_routed_pair, "hello world", "sd", DecodeConfig(gamma=4, max_new_tokens=40, chat=False))
+    assert runs["own"].token_ids != [] and generate(
+        tiny_routed_pair, "hello world", "via",
+        DecodeConfig(gamma=4, max_new_tokens=40, chat=False, thresholds=Thresholds.preset("lossless"))).token_ids == sd.token_ids

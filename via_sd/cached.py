@@ -72,7 +72,7 @@ class Reader:
 
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] (after forgetting anything past upto - keep) and returns the logits of the last
-        `keep` positions, [keep, V]; a read that crosses the prompt's end from inside reads the prompt alone first."""
+        `keep` positions, [keep, V]; a read from an empty cache past the prompt's end reads the prompt alone first."""
         if (self.name == "slim" and self.seen < self.prompt - 1 <= upto - keep
                 and getattr(self.trunk_owner, "slim_reads_full", False)):
             # the slim verifier reads the full one's cache: the full one reads the prompt (but its last token, whose
@@ -80,7 +80,7 @@ class Reader:
             full = Reader(self.trunk_owner.view("full"), "full", 0, self.calls)
             full.logits(seq, self.prompt - 1, 1)
         start = min(self.seen, upto - keep)
-        if start < self.prompt < upto:
+        if start == 0 < self.prompt < upto:  # from an empty cache (past it, any pass extends a cache: no split)
             inside = max(0, self.prompt - (upto - keep))  # asked-for positions in the prompt
             first = self._read(seq, self.prompt, max(inside, 1), start)
             return torch.cat([first[first.shape[0] - inside:], self._read(seq, upto, keep - inside, self.prompt)])

@@ -262,7 +262,9 @@ def _config(path, v):
                       "temperature": lambda p, x: _number(p, x, 0.0, 100.0),
                       "top_p": lambda p, x: _prob(p, x), "seed": lambda p, x: _count(p, x, optional=True),
                       "thresholds": _thresholds, "draft_stop": lambda p, x: _prob(p, x),
-                      "chat": lambda p, x: _flag(p, x)}, 1)
+                      "chat": lambda p, x: _flag(p, x), "progressive": lambda p, x: _flag(p, x),
+                      "max_unverified": lambda p, x: _count(p, x, MAX_ITEMS),
+                      "slim_cache": lambda p, x: _choice(p, x, ("own", "full"))}, 1)
 
 
 def _models(path, v):
@@ -299,6 +301,7 @@ def _round(path, v):
     _object(path, v)
     known = {"round": lambda p, x: _count(p, x, MAX_ITEMS), "full_called": _flag, "slim_called": _flag,
              "gamma": lambda p, x: _count(p, x, 4096), "calls": lambda p, x: _each(p, x, _call, MAX_CANDIDATES),
+             "forced_by": lambda p, x: _choice(p, x, ("max_unverified",), optional=True),
              "candidates": lambda p, x: _each(p, x, _candidate, MAX_CANDIDATES)}
     known.update({f"{phase}_ms": _ms for phase in ("start", "draft", "slim", "full", "other")})
     _fields(path, v, known, 2, required=("round", "candidates"))
