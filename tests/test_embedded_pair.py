@@ -61,7 +61,7 @@ def test_via_calls_the_full_model_less_often_than_sd(embedded_pair):
     via = generate(embedded_pair, prompt, "via", cfg)
     sd = generate(embedded_pair, prompt, "sd", cfg)
     assert via.summary["full_calls"] < sd.summary["full_calls"]
-    assert set(t["tier"] for t in via.tokens) >= {"draft"}
+    assert via.summary["tier_counts"]["draft"] > 0 and via.summary["tier_counts"]["full"] > 0
     assert "".join(t["text"] for t in via.tokens) == via.text
 
 
