@@ -20,9 +20,10 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--tokens", type=int, default=64)
 parser.add_argument("--prompts", default="assets/prompts/held_out.jsonl")
 parser.add_argument("--json")
+parser.add_argument("--preset", default="embedded")
 args = parser.parse_args()
 
-pair = load_pair("embedded")
+pair = load_pair(args.preset)
 profile = pair.costs
 prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()]
 SETTINGS = {"ar": ("ar", Thresholds()), "sd": ("sd", Thresholds()),
