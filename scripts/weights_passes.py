@@ -10,6 +10,15 @@ prompt (2 rounds). Agreement: the fp32 verifier continues each prompt greedily
 for --tokens tokens; every setting (fp32 included) then reads prompt + that continuation in one
 forward, and we count how often its top-1 equals fp32's top-1 at the same position
 (teacher-forced top-1 agreement with fp32).
+
+    flock /tmp/viasd-heavy.lock .venv/bin/python scripts/weights_passes.py --drafter --repeat 20
+
+--drafter: the drafter's levers, int4, side by side in one process: one drafter step (one new token
+after a 200-token context) for the drafter as it was (separate matmuls, whole head), fused q/k/v and
+gate/up, the frequency-ranked head at several N, and both; each round also times one verifier
+one-token pass (as shipped, and with its matmuls fused: logits compared bit for bit), so c = drafter
+step / verifier pass is a ratio of neighbours. Then prompt reads of 40 and 200 tokens by each model,
+int4 kernel vs de-quantized bf16 matmuls (every layer that can) vs the machine's rule (kernels.py).
 """
 
 from __future__ import annotations
@@ -66,6 +75,83 @@ def agreement(mine: list[list[int]], reference: list[list[int]]) -> float:
     return sum(a == b for a, b in pairs) / len(pairs)
 
 
+def _step(model, cache) -> float:
+    """ms of one new token after the cached context (rolled back after)."""
+    with torch.inference_mode():
+        start = time.perf_counter()
+        model(torch.tensor([[1234]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        elapsed = time.perf_counter() - start
+    cache.crop(-1)
+    return elapsed * 1000
+
+
+def _set_dense(model, rule) -> None:
+    from via_sd.lowbit import Int4Linear
+
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            m.dense_from = rule(m)
+
+
+def drafter_levers(args) -> int:
+    from transformers import AutoConfig
+
+    from via_sd.embedded import embedded_model_dirs
+    from via_sd.gguf_pack import Entries, build_model
+
+    drafter_dir, verifier_dir = embedded_model_dirs()
+    build = lambda folder, **kw: build_model(AutoConfig.from_pretrained(folder), Entries.from_cache(folder), "int4", **kw)
+    models = {"verifier": build(verifier_dir, fuse=False), "verifier fused": build(verifier_dir, fuse=True),
+              "drafter as was": build(drafter_dir, exact_top1=False, fuse=False, frequent=None),
+              "fused": build(drafter_dir, exact_top1=False, fuse=True, frequent=None)}
+    for n in map(int, args.heads.split(",")):
+        models[f"head {n}"] = build(drafter_dir, exact_top1=False, fuse=False, frequent=n)
+        models[f"fused + head {n}"] = build(drafter_dir, exact_top1=False, fuse=True, frequent=n)
+    context = torch.randint(1000, 20000, (1, 200), generator=torch.Generator().manual_seed(0))
+    caches = {}
+    with torch.inference_mode():
+        for name, model in models.items():
+            caches[name] = DynamicCache()
+            model(context, past_key_values=caches[name], use_cache=True, logits_to_keep=1)
+        probe = torch.tensor([[1234, 99, 4242]])
+        same = [torch.equal(models[v](torch.cat([context, probe], 1)).logits[0, -3:],
+                            models[v + " fused"](torch.cat([context, probe], 1)).logits[0, -3:]) for v in ["verifier"]]
+    print(f"verifier logits, fused vs separate, bit for bit: {same}", flush=True)
+    times = {name: [] for name in models}
+    names = list(models)
+    for rep in range(args.repeat + 1):
+        order = names[rep % len(names):] + names[:rep % len(names)]
+        for name in order:
+            times[name].append(_step(models[name], caches[name]))
+    keep = {k: v[1:] for k, v in times.items()}  # round 0 warms up
+    rows = []
+    for name in names:
+        c = [t / v for t, v in zip(keep[name], keep["verifier"])]
+        vs_was = [t / w for t, w in zip(keep[name], keep["drafter as was"])]
+        rows.append({"model": name, "median_ms": round(statistics.median(keep[name]), 1),
+                     "c": round(statistics.median(c), 3), "vs_drafter_as_was": round(statistics.median(vs_was), 3)})
+        print(json.dumps(rows[-1]), flush=True)
+    reads = []
+    for length in (40, 200):
+        ids = torch.randint(1000, 20000, (1, length), generator=torch.Generator().manual_seed(length))
+        for name in ("verifier", "drafter as was"):
+            model, got = models[name], {}
+            for rule_name, rule in (("kernel", lambda m: None), ("dense", lambda m: 1 if m.can_dequantize() else None),
+                                    ("kernel", lambda m: None), ("dense", lambda m: 1 if m.can_dequantize() else None)):
+                _set_dense(model, rule)
+                with torch.inference_mode():
+                    start = time.perf_counter()
+                    model(ids, logits_to_keep=1)
+                    got.setdefault(rule_name, []).append((time.perf_counter() - start) * 1000)
+            row = {"prompt": length, "model": name, **{k: round(min(v), 1) for k, v in got.items()}}
+            row["dense_over_kernel"] = round(row["dense"] / row["kernel"], 2)
+            reads.append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"steps": rows, "prompt_reads": reads, "verifier_fused_equal": same}, indent=1))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--weights", default="fp32,int4,int8-dyn,bf16")
@@ -76,7 +162,11 @@ def main() -> int:
     parser.add_argument("--reference", default="/tmp/via-sd-fp32-continuations.json",
                         help="fp32 continuations are cached here (reused when present)")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--drafter", action="store_true", help="the drafter's levers and prompt reads (int4)")
+    parser.add_argument("--heads", default="16384,32768", help="--drafter: N of the frequency-ranked heads")
     args = parser.parse_args()
+    if args.drafter:
+        return drafter_levers(args)
 
     settings = args.weights.split(",")
     prompts = [p["prompt"] for p in load_prompts(args.prompts, limit=args.limit)]

@@ -1,0 +1,59 @@
+"""The cheaper drafter: a frequency-ranked output head (FR-Spec) over a shipped token list, fused int4
+matmuls; on the embedded pair it is the default drafter and greedy SD still equals greedy AR."""
+
+import json
+
+import pytest
+import torch
+
+from via_sd import DecodeConfig, generate
+from via_sd.heads import FrequentHead
+from via_sd.lowbit import Int4Linear
+from via_sd.lowbit_build import FREQUENT, TOKEN_FREQ, frequent_ids
+
+
+def test_a_frequent_head_scores_its_tokens_as_the_whole_head_does_and_no_other():
+    torch.manual_seed(0)
+    head = Int4Linear.from_float(torch.randn(512, 64) * 0.1, torch.randn(512))
+    ids = torch.randperm(512, generator=torch.Generator().manual_seed(1))[:48]
+    narrow = FrequentHead(head, ids)
+    h = torch.randn(5, 64)
+    with torch.inference_mode():
+        full, logits = head(h), narrow(h)
+    kept = torch.zeros(512, dtype=torch.bool)
+    kept[ids] = True
+    assert logits.shape == full.shape and narrow.out_features == 512
+    assert torch.equal(logits[:, kept], full[:, kept])  # the same codes, bit for bit
+    assert torch.isneginf(logits[:, ~kept]).all()
+    assert kept[logits.argmax(-1)].all()
+
+
+def test_the_shipped_token_list_is_small_ranked_and_keeps_the_special_tokens():
+    table = json.loads(TOKEN_FREQ.read_text())
+    assert TOKEN_FREQ.stat().st_size < 1_000_000 and "build_token_freq.py" in table["command"]
+    ids = table["ids"]
+    assert len(set(ids)) == len(ids) and all(0 <= i < table["vocab_size"] for i in ids)
+    assert {151643, 151644, 151645} <= set(table["special_ids"])  # <|endoftext|>, <|im_start|>, <|im_end|>
+
+    class Qwen2:
+        model_type, vocab_size = "qwen2", 151936
+
+    chosen = frequent_ids(Qwen2, FREQUENT)
+    assert len(chosen) % 16 == 0 and FREQUENT <= len(chosen) < FREQUENT + 16 + len(table["special_ids"])
+    assert set(ids[:FREQUENT]) <= set(chosen.tolist()) and 151645 in chosen.tolist()
+
+    class Llama:
+        model_type, vocab_size = "llama", 32000
+
+    assert frequent_ids(Llama, FREQUENT) is None  # another vocabulary keeps its whole head
+
+
+@pytest.mark.embedded
+def test_the_frequency_ranked_drafter_keeps_greedy_sd_equal_to_ar_over_300_tokens(embedded_pair):
+    pair = embedded_pair
+    head = pair.drafter.get_output_embeddings()
+    assert isinstance(head, FrequentHead) and "most frequent" in pair.drafter.via_sd_weights
+    prompt = "Write a Python class `LRUCache` with get and put, then explain its complexity."
+    config = DecodeConfig(gamma=3, max_new_tokens=300)
+    ar, sd = generate(pair, prompt, "ar", config), generate(pair, prompt, "sd", config)
+    assert sd.token_ids == ar.token_ids and len(ar.token_ids) >= 100
