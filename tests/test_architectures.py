@@ -23,15 +23,6 @@ CONFIGS = {
 }
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread is far faster than two that wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def build(kind: str):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(CONFIGS[kind]()).eval()

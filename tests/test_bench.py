@@ -21,15 +21,6 @@ METRICS = ["tokens_per_s", "speedup_vs_ar", "speedup_vs_sd", "mean_accepted_leng
            "agreement", "mean_logprob", "logprob_delta_vs_ar", "identical_to_ar", "phase_shares", "ms_per_call"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two threads on a busy two-core machine spin against each other; one keeps tiny runs fast."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pair():
     return tiny_random_pair(seed=0, route=["attn.1", "mlp.2"])

@@ -299,17 +299,8 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
 
 
-@pytest.fixture
-def one_thread():
-    """Thousands of tiny forward passes run faster on one thread (no thread wake-ups per op)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
-def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(one_thread, top_p):
+def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(top_p):
     """gamma = 2, one round per run: output token j (j = 0, 1 drafts, j = 2 the bonus) given the tokens before
     it must follow q(. | prompt + those tokens) over the runs whose first round reached position j. Runs are
     grouped by that prefix; the groups' chi-square statistics add up (significance 0.001 per position)."""

@@ -62,15 +62,6 @@ def int4_pair() -> ModelPair:
                      torch.float32, "int4", "int4")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread is ~100x faster than two that wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pair():
     return int4_pair()

@@ -3,7 +3,6 @@
 import json
 import random
 import threading
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -21,26 +20,6 @@ PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n", "def f(a):"]
 HELD_OUT = ["Once upon a time", "SELECT * FROM t"]
 
 
-@contextmanager
-def one_thread():
-    """Tiny models on a shared 2-core machine: one thread is far faster than two that wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-@pytest.fixture(autouse=True)
-def tiny_models_on_one_thread(request):
-    if "embedded_pair" in request.fixturenames:  # the real pair keeps every thread
-        yield
-        return
-    with one_thread():
-        yield
-
-
 @pytest.fixture(scope="module")
 def pair():
     """An 8-layer tiny verifier: 12 skippable sub-layers, later layers refine rather than overwrite."""
@@ -50,21 +29,18 @@ def pair():
 @pytest.fixture(scope="module")
 def texts(pair):
     """The full verifier's own continuations: calibration and held-out prompts differ."""
-    with one_thread():
-        return (generate_calibration(pair, PROMPTS, 16, "tiny calibration"),
-                generate_calibration(pair, HELD_OUT, 16, "tiny held-out"))
+    return (generate_calibration(pair, PROMPTS, 16, "tiny calibration"),
+            generate_calibration(pair, HELD_OUT, 16, "tiny held-out"))
 
 
 @pytest.fixture(scope="module")
 def calibration(pair, texts):
-    with one_thread():
-        return TeacherForced(pair.verifier, texts[0])
+    return TeacherForced(pair.verifier, texts[0])
 
 
 @pytest.fixture(scope="module")
 def searched(pair, calibration):
-    with one_thread():
-        return search_route(pair, 0.25, calibration, name="tiny-s25")
+    return search_route(pair, 0.25, calibration, name="tiny-s25")
 
 
 def test_search_finds_a_route_of_the_requested_ratio_that_never_skips_the_first_or_last_layer(
