@@ -138,7 +138,8 @@ class Int4Linear(nn.Module):
         if n % BLOCK_N or not _layout_ok() or len(ids) % 16:
             raise ValueError(f"cannot select {len(ids)} of the rows of a {n}x{k} int4 layer")
         blocks = torch.unique(ids // BLOCK_N)
-        codes = _unpack(self.packed.view(n // BLOCK_N, k * BLOCK_N // 2)[blocks].view(-1, k // 2), len(blocks) * BLOCK_N, k)
+        chosen = self.packed.view(n // BLOCK_N, k * BLOCK_N // 2)[blocks].view(-1, k // 2)  # whole 64-row blocks
+        codes = _unpack(chosen, len(blocks) * BLOCK_N, k)
         where = torch.searchsorted(blocks, ids // BLOCK_N) * BLOCK_N + ids % BLOCK_N
         sz = self.scales_and_zeros[:, ids]
         bias = None if self.bias is None else self.bias[ids]
