@@ -52,7 +52,8 @@ class RescoredHead(nn.Module):
 
 class FrequentHead(nn.Module):
     """A drafter's output head that scores only `ids`, the N most frequent tokens; every other logit is
-    -inf. One int4 matmul over N rows instead of the whole vocabulary (151,936 x 896 on the embedded
+    the lowest finite float (probability exactly 0 after softmax, and no inf for code that takes logs or
+    checks logits for finite values). One int4 matmul over N rows instead of the whole vocabulary (151,936 x 896 on the embedded
     drafter: the largest single matmul of a drafter step).
 
     What changes for speculative decoding: the drafter never proposes a token outside the N, and its
@@ -81,7 +82,7 @@ class FrequentHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         small = self.head(h)
-        out = torch.full((*small.shape[:-1], self.vocab), float("-inf"), dtype=small.dtype)
+        out = torch.full((*small.shape[:-1], self.vocab), torch.finfo(small.dtype).min, dtype=small.dtype)
         return out.index_copy_(-1, self.ids, small)
 
     def extra_repr(self) -> str:
