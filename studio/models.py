@@ -190,8 +190,11 @@ class Models:
 
     def ensure_warm(self, pair) -> None:
         """The warm-up, once per pair (call it inside a GPU call on ZeroGPU)."""
-        if id(pair) not in self._warm:
-            warm_up(pair)
+        with self._lock:
+            if id(pair) in self._warm:
+                return
+        warm_up(pair)  # not under the lock: status reads go on meanwhile
+        with self._lock:
             self._warm.add(id(pair))
 
     def preload(self, preset: str) -> None:

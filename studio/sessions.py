@@ -45,7 +45,8 @@ class Session:
     def job(self, kind: str, ticket: int | None = None) -> "Job":
         """The stop switch of work with `ticket` (a fresh ticket when None: work not asked for through the
         page, e.g. an API call or a test; a Stop counts from now)."""
-        ok = isinstance(ticket, int) and not isinstance(ticket, bool) and 0 < ticket <= self._issued
+        with self._lock:
+            ok = isinstance(ticket, int) and not isinstance(ticket, bool) and 0 < ticket <= self._issued
         return Job(self, kind, ticket if ok else self.ticket(kind))
 
     def stopped(self, ticket: int) -> bool:
