@@ -370,11 +370,11 @@ def test_stop_and_a_newer_run_end_exactly_this_sessions_work(browser, app_url):
     """One scheme: a's second release supersedes a's running run; b's Stop, pressed while b's run waits in the
     queue behind a's, ends b's run before it starts and touches nothing of a's."""
     a, b = open_page(browser, app_url), open_page(browser, app_url)
-    for page, tokens in ((a, 96), (b, 16)):
+    for page, tokens in ((a, 48), (b, 16)):
         page.locator("#prompt textarea").fill("Count from one to twenty.")
         page.locator("#with-ar input").uncheck()  # VIA-SD and SD are enough here
         set_number(page, "max-new-tokens", tokens)
-        set_number(page, "pace", 120)
+        set_number(page, "pace", 80)
         page.evaluate(RECORD_JS)
     show_tab(a, "Threshold lab")
     a.locator("#rerun-on-release input").check()
@@ -391,6 +391,6 @@ def test_stop_and_a_newer_run_end_exactly_this_sessions_work(browser, app_url):
     replaced = next(i for i, s in enumerate(a_status) if "newer run" in s)
     assert not any(s.startswith("✓ Done") for s in a_status[:replaced]), "a's first run never finished"
     assert not any("Stopped before it started" in s for s in a_status), "b's Stop never reached a"
-    assert b.locator("#sd-tokens .via-tok").count() == 0 and a.locator("#sd-tokens .via-tok").count() == 96
+    assert b.locator("#sd-tokens .via-tok").count() == 0 and a.locator("#sd-tokens .via-tok").count() == 48
     a.close()
     b.close()
