@@ -119,7 +119,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         gr.Markdown(INTRO, elem_id="intro")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
-                prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, elem_id="prompt",
+                prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
                                     placeholder="Ask something, or pick an example below")
                 gr.Examples(examples, inputs=[prompt], example_labels=labels, label="Examples by task",
                             cache_examples=False, examples_per_page=10, elem_id="examples")
