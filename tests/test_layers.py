@@ -157,7 +157,7 @@ def test_tool_and_face_modules_fit_in_a_head():
             assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
 
 
-@pytest.mark.parametrize("command", [[], ["generate"], ["setup"], ["bench"], ["route"]])
+@pytest.mark.parametrize("command", [[], ["generate"], ["setup"], ["bench"], ["route"], ["profile"]])
 def test_the_command_line_and_every_sub_command_print_their_help(command, capsys):
     from via_sd.__main__ import main
 
