@@ -50,8 +50,16 @@ def device_name(device) -> str:
     return platform.processor() or platform.machine()
 
 
+def build_of(model) -> str:
+    """What a model is built of (its module kinds, its head's width): another drafter build is another profile."""
+    head = model.get_output_embeddings()
+    kinds = sorted({type(m).__name__ for m in model.modules()})
+    return f"{'+'.join(kinds)} head {getattr(head, 'out_features', '?')}"
+
+
 def profile_key(pair) -> dict:
     return {"version": VERSION, "drafter": pair.drafter_name, "verifier": pair.verifier_name,
+            "drafter_build": build_of(pair.drafter), "verifier_build": build_of(pair.verifier),
             "weights": pair.weights, "route": list(pair.route.skip), "device": str(pair.device),
             "device_name": device_name(pair.device), "threads": torch.get_num_threads(), "torch": torch.__version__}
 
