@@ -28,6 +28,29 @@ def test_a_frequent_head_scores_its_tokens_as_the_whole_head_does_and_no_other()
     assert kept[logits.argmax(-1)].all() and (logits.softmax(-1)[:, ~kept] == 0).all()
 
 
+def test_tokens_of_the_context_join_the_frequent_head_until_the_next_prompt():
+    """A reply echoes its prompt: a token the drafter was fed is scored even when the list lacks it."""
+    from transformers import DynamicCache
+
+    model = __import__("test_lowbit").tiny_int4_llama()
+    full = model.lm_head
+    narrow = FrequentHead(full, torch.arange(0, 128, 2))  # even ids only
+    model.lm_head = narrow
+    narrow.watch(model)
+    prompt = torch.tensor([[2, 4, 7, 9]])  # 7 and 9 are odd: outside the list
+    with torch.inference_mode():
+        cache = DynamicCache()
+        logits = model(prompt, past_key_values=cache).logits
+        h = model.model(prompt).last_hidden_state
+        scored = torch.isfinite(logits[0, -1]) & (logits[0, -1] > torch.finfo(torch.float32).min)
+        assert set(scored.nonzero().flatten().tolist()) == set(range(0, 128, 2)) | {7, 9}
+        assert torch.equal(logits[0, -1, [7, 9]], full(h)[0, -1, [7, 9]])
+        model(torch.tensor([[11]]), past_key_values=cache)  # fed later: joins too
+        assert 11 in narrow.context_ids.tolist()
+        model(torch.tensor([[4, 6]]), past_key_values=DynamicCache())  # a new prompt: forgotten
+    assert narrow.context is None
+
+
 def test_the_shipped_token_list_is_small_ranked_and_keeps_the_special_tokens():
     table = json.loads(TOKEN_FREQ.read_text())
     assert TOKEN_FREQ.stat().st_size < 1_000_000 and "build_token_freq.py" in table["command"]

@@ -53,8 +53,8 @@ class RescoredHead(nn.Module):
 class FrequentHead(nn.Module):
     """A drafter's output head that scores only `ids`, the N most frequent tokens; every other logit is
     the lowest finite float (probability exactly 0 after softmax, and no inf for code that takes logs or
-    checks logits for finite values). One int4 matmul over N rows instead of the whole vocabulary (151,936 x 896 on the embedded
-    drafter: the largest single matmul of a drafter step).
+    checks logits for finite values). One int4 matmul over N rows instead of the whole vocabulary
+    (151,936 x 896 on the embedded drafter: the largest single matmul of a drafter step).
 
     What changes for speculative decoding: the drafter never proposes a token outside the N, and its
     distribution p is renormalised over them, so p(x) of a proposed token rises by the probability mass
@@ -63,7 +63,11 @@ class FrequentHead(nn.Module):
     rejection rule stays exact for any p with p(x) > 0 where a draft x is proposed). In VIA-SD's draft
     signal p(x) is the confidence that sorts drafts into tiers, so p(x) a little higher means a draft is
     a little more often kept without a verifier (tier A): thresholds tuned on the full head are slightly
-    more permissive on this one. The verifier's head is never narrowed."""
+    more permissive on this one. The verifier's head is never narrowed.
+
+    The context's own tokens join the N (`see`, called by the hook `watch` installs on the drafter): a
+    reply echoes words of its prompt (names, rare words) that no frequency list holds; the rows of the
+    tokens seen since the last prompt read are scored by a second, small int4 matmul."""
 
     def __init__(self, head: Int4Linear, ids: torch.Tensor):
         super().__init__()
@@ -71,6 +75,31 @@ class FrequentHead(nn.Module):
         self.vocab = head.out_features
         self.head = head.select_rows(ids)
         self.register_buffer("ids", ids, persistent=False)
+        self.full, self._listed = head, set(ids.tolist())  # the whole head: rows for context tokens
+        self.context, self.context_ids, self._seen = None, None, set()
+
+    def see(self, input_ids: torch.Tensor, new_sequence: bool) -> None:
+        """Tokens fed to the drafter that the list lacks join the head (forgotten at a new prompt)."""
+        if new_sequence:
+            self.context, self.context_ids, self._seen = None, None, set()
+        new = set(input_ids.reshape(-1).tolist()) - self._listed - self._seen
+        if not new:
+            return
+        self._seen |= new
+        ids = sorted(self._seen)
+        ids += ids[:1] * (-len(ids) % 16)  # the kernel takes multiples of 16 rows; a repeat scores the same
+        self.context_ids = torch.tensor(ids)
+        self.context = self.full.select_rows(self.context_ids)
+
+    def watch(self, model: nn.Module):
+        """Feeds `see` with every input of `model` (a prompt read, i.e. an empty cache, starts afresh)."""
+        def before(_module, args, kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            cache = kwargs.get("past_key_values")
+            if ids is not None:
+                self.see(ids, cache is None or cache.get_seq_length() == 0)
+
+        return model.register_forward_pre_hook(before, with_kwargs=True)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -83,10 +112,13 @@ class FrequentHead(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         small = self.head(h)
         out = torch.full((*small.shape[:-1], self.vocab), torch.finfo(small.dtype).min, dtype=small.dtype)
-        return out.index_copy_(-1, self.ids, small)
+        out.index_copy_(-1, self.ids, small)
+        if self.context is not None:
+            out.index_copy_(-1, self.context_ids, self.context(h))
+        return out
 
     def extra_repr(self) -> str:
-        return f"{len(self.ids)} of {self.vocab} tokens"
+        return f"{len(self.ids)} of {self.vocab} tokens, and the context's"
 
 
 class LowbitEmbedding(nn.Module):

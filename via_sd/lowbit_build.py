@@ -163,8 +163,10 @@ def _narrow_and_fuse(model, fuse: bool, frequent: int | None) -> None:
         notes.append("head's best 16 re-scored exactly")
     head, ids = model.get_output_embeddings(), frequent_ids(model.config, frequent) if frequent else None
     if ids is not None and type(head) is Int4Linear:
-        model.set_output_embeddings(FrequentHead(head, ids))
-        notes.append(f"head over the {len(ids)} most frequent of {head.out_features} tokens")
+        narrow = FrequentHead(head, ids)
+        model.set_output_embeddings(narrow)
+        narrow.watch(model)
+        notes.append(f"head over the {len(ids)} most frequent of {head.out_features} tokens and the context's")
     if fuse and fuse_linears(model):
         notes.append("q/k/v and gate/up fused")
     model.via_sd_weights = ", ".join(notes)
