@@ -4,12 +4,13 @@
     profile_for(pair, refresh=True)   # measure again (python -m via_sd profile --refresh)
 
 Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
-and kernels), after a 200-token context, at 12 row counts (the
-others interpolated), the fastest of three sweeps over them
-(other work on a shared machine only adds time), and a curve over rows is made non-decreasing. A profile is keyed by what changes it:
-the two models, the weights setting, the route, the device (CPU model or GPU name), the thread count
-and the torch version; a cached file whose key differs, or that does not parse, is measured again
-with a one-line warning, never trusted.
+and kernels), after a 200-token context, at 12 row counts (the others interpolated): the median of
+three sweeps over them, the typical cost a run pays (a burst of other work on a shared machine hits
+one sweep; the fastest of them was ~20% below what runs paid), and a curve over rows is made
+non-decreasing. A profile is keyed by what changes it: the two models and what they are built of,
+the weights setting, the route, the device (CPU model or GPU name), the thread count and the torch
+version; a cached file whose key differs, or that does not parse, is measured again with a one-line
+warning, never trusted.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import hashlib
 import json
 import logging
 import platform
+import statistics
 import threading
 
 import torch
@@ -28,7 +30,7 @@ from .paths import cache_root
 from .routing import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.profile")
-VERSION = 2
+VERSION = 3
 CONTEXT = 200
 REPEATS = 3
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
@@ -93,16 +95,16 @@ def profile_for(pair, refresh: bool = False, progress=None) -> CostProfile:
         return profile
 
 
-def _best_ms(clock: Clock, fn, before=None, repeats: int = REPEATS) -> float:
-    """The fastest of `repeats` timings: other work on a shared machine only ever adds time."""
-    times = []
-    for _ in range(repeats):
-        if before is not None:
-            before()
-        start = clock.ms()
-        fn()
-        times.append(clock.ms() - start)
-    return min(times)
+def _time_ms(clock: Clock, fn, before=None) -> float:
+    if before is not None:
+        before()
+    start = clock.ms()
+    fn()
+    return clock.ms() - start
+
+
+def _median_ms(clock: Clock, fn, before=None, repeats: int = REPEATS) -> float:
+    return statistics.median(_time_ms(clock, fn, before) for _ in range(repeats))
 
 
 def _fill(measured: dict[int, float], rows: int) -> list[float]:
@@ -145,16 +147,16 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
             progress(f"measuring the cost profile: {what}", done[0] / steps)
 
     def rows_curve(read, rollback, rows, name, before=None):
-        best = dict.fromkeys(rows, float("inf"))
+        times = {k: [] for k in rows}
         for sweep in range(REPEATS):  # sweeps over every k in turn: a burst of other work hits one k, not all
             for k in rows:
                 def prepare(k=k):
                     rollback(CONTEXT)
                     if before is not None:
                         before(k)
-                best[k] = min(best[k], _best_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare, repeats=1))
+                times[k].append(_time_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare))
             tick(f"{name}, sweep {sweep + 1} of {REPEATS}")
-        return _non_decreasing(_fill(best, max(rows)))
+        return _non_decreasing(_fill({k: statistics.median(t) for k, t in times.items()}, max(rows)))
 
     def cached(model):
         m = CachedModel(model, vocab, out, out)
@@ -183,8 +185,8 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         for n in PROMPT_LENGTHS:
             fresh = lambda: CachedModel(model, vocab, out, out)  # noqa: E731
             holder = {}
-            prompt_ms[name][n] = _best_ms(clock, lambda: holder["m"].logits(seq, n, 1),
-                                          lambda: holder.update(m=fresh()), repeats=REPEATS)
+            prompt_ms[name][n] = _median_ms(clock, lambda: holder["m"].logits(seq, n, 1),
+                                            lambda: holder.update(m=fresh()))
             tick(f"{name} reading a {n}-token prompt")
         prompt_ms[name] = dict(zip(PROMPT_LENGTHS, _non_decreasing(prompt_ms[name][n] for n in PROMPT_LENGTHS)))
     return CostProfile(verify_ms, slim_ms, resume_ms, draft_ms, prompt_ms, key or profile_key(pair))
