@@ -306,6 +306,7 @@ def checked_preset(page) -> str:
 def test_drafts_show_pending_then_their_tier_color(browser, app_url):
     page = open_page(browser, app_url)
     page.locator("#prompt textarea").fill("Explain speculative decoding in one sentence.")
+    page.locator("#with-ar input").uncheck()  # AR drafts nothing: no pending chips to watch
     set_number(page, "max-new-tokens", 16)
     set_number(page, "pace", 250)  # slow motion: the random pair decides a round in milliseconds
     page.evaluate(RECORD_JS)
