@@ -82,7 +82,9 @@ class ModelPair:
     def describe(self) -> dict:
         return {"drafter": self.drafter_name, "verifier": self.verifier_name, "route": self.route.name,
                 "skipped": list(self.route.skip), "skip_fraction": self.route.skip_fraction,
-                "weights": self.weights, "weights_requested": self.weights_requested or self.weights}
+                "weights": self.weights, "weights_requested": self.weights_requested or self.weights,
+                "drafter_weights": getattr(self.drafter, "via_sd_weights", self.weights),
+                "verifier_weights": getattr(self.verifier, "via_sd_weights", self.weights)}
 
     @property
     def costs(self):
