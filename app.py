@@ -21,15 +21,13 @@ import gradio as gr
 
 import viz.page as page
 from studio import costs, lab, runs, views
-from studio.downloads import DOWNLOADS
-from studio.inputs import UserError  # noqa: F401  (re-exported: the page's error type)
+from studio.downloads import forget_session
 from studio.lab import CUSTOM, DEFAULT_THRESHOLD_PRESET
-from studio.models import DEFAULT_PRESET, LOCK_REASON, MODELS, preset_choices, preset_locked, route_choices
-from studio.sessions import SESSIONS
+from studio.models import (DEFAULT_PRESET, LOCK_REASON, MODELS, load_preset, poll_status, preset_choices,
+                           preset_locked, route_choices)
 from studio.views import MAX_UPLOAD_BYTES
 import via_sd
 
-log = logging.getLogger("via_sd.app")
 ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 _PAPER = via_sd.THRESHOLD_PRESETS[DEFAULT_THRESHOLD_PRESET]
@@ -56,30 +54,6 @@ def example_prompts() -> tuple[list[list[str]], list[str]]:
             short = short.removeprefix("Solve step by step: ").removeprefix("Translate the following text ")
             labels.append(f"{item['task']}: {short[:24]}{'…' if len(short) > 24 else ''}")
     return examples, labels
-
-
-def poll_status(preset):
-    """The device line while a background load runs; the timer stops once the pair is there."""
-    return MODELS.status(preset), gr.Timer(active=MODELS.loaded(preset) is None and MODELS.loading())
-
-
-def load_preset(preset, progress=gr.Progress()) -> tuple[str, str]:
-    """Switch preset: frees the old pair, loads the new one with progress. Returns (device line, status)."""
-    try:
-        MODELS.pair(preset, progress)
-    except UserError as err:
-        runs.warn(str(err))
-        return MODELS.status(preset), page.status_html(str(err), "error")
-    except Exception as err:
-        log.exception("loading %s failed", preset)
-        return MODELS.status(preset), page.status_html(f"Could not load {preset}: {type(err).__name__}: {err}", "error")
-    return MODELS.status(preset), page.status_html(f"{preset} loaded", "ok")
-
-
-def forget_session(request: gr.Request = None) -> None:
-    """A visitor left the page (`demo.unload`): drop their download files and their tickets."""
-    SESSIONS.forget(request)
-    DOWNLOADS.forget(request)
 
 
 def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:

@@ -10,7 +10,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from .sessions import Sessions
+from .sessions import SESSIONS, Sessions
 
 
 class Downloads:
@@ -49,3 +49,9 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 DOWNLOADS = Downloads()
+
+
+def forget_session(request=None) -> None:
+    """A visitor left the page (`demo.unload`): drop their tickets and their download files."""
+    SESSIONS.forget(request)
+    DOWNLOADS.forget(request)

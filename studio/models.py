@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import gradio as gr
 import torch
 
 import viz.page as page
@@ -259,3 +260,23 @@ class Models:
 
 
 MODELS = Models()
+
+
+# ---- handlers: the preset control and the model line ----------------------------------------------
+
+def load_preset(preset, progress=gr.Progress()) -> tuple[str, str]:
+    """Switch preset: frees the old pair, loads the new one with progress. Returns (device line, status)."""
+    try:
+        MODELS.pair(preset, progress)
+    except UserError as err:
+        gr.Warning(page.esc(err))
+        return MODELS.status(preset), page.status_html(str(err), "error")
+    except Exception as err:
+        log.exception("loading %s failed", preset)
+        return MODELS.status(preset), page.status_html(f"Could not load {preset}: {type(err).__name__}: {err}", "error")
+    return MODELS.status(preset), page.status_html(f"{preset} loaded", "ok")
+
+
+def poll_status(preset):
+    """The device line while a background load runs; the timer stops once the pair is there."""
+    return MODELS.status(preset), gr.Timer(active=MODELS.loaded(preset) is None and MODELS.loading())

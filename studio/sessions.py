@@ -11,6 +11,10 @@ checks between rounds, a sweep between settings, a route search between steps) w
 
 Another session's Stop or Run never touches it. What follows a run (figures, fidelity) checks
 `is_latest` with the run's ticket and is skipped once a newer run was asked for.
+
+An API client calls the queued handler directly, with no ticket step before the queue: its work takes
+a ticket when it starts, and a Stop that no running work of the session took up (it was pressed while
+the client's call still waited in the queue) ends the session's next ticketless work before it starts.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ class Session:
         self._issued = 0  # tickets handed out, of every kind
         self._stopped_at = 0  # the last ticket issued when Stop was pressed
         self._latest: dict[str, int] = {}  # kind -> its newest ticket
+        self._unclaimed_stop = False  # a Stop no running work has seen yet: meant for work still queued
 
     def ticket(self, kind: str) -> int:
         if kind not in KINDS:
@@ -41,13 +46,22 @@ class Session:
     def stop(self) -> None:
         with self._lock:
             self._stopped_at = self._issued
+            self._unclaimed_stop = True
+
+    def claim_stop(self) -> bool:
+        """Running work saw the Stop (it was for that work); True if nobody had claimed it yet."""
+        with self._lock:
+            unclaimed, self._unclaimed_stop = self._unclaimed_stop, False
+            return unclaimed
 
     def job(self, kind: str, ticket: int | None = None) -> "Job":
         """The stop switch of work with `ticket` (a fresh ticket when None: work not asked for through the
         page, e.g. an API call or a test; a Stop counts from now)."""
         with self._lock:
             ok = isinstance(ticket, int) and not isinstance(ticket, bool) and 0 < ticket <= self._issued
-        return Job(self, kind, ticket if ok else self.ticket(kind))
+        if ok:
+            return Job(self, kind, ticket)
+        return Job(self, kind, self.ticket(kind), before_start=self.claim_stop())
 
     def stopped(self, ticket: int) -> bool:
         with self._lock:
@@ -65,10 +79,16 @@ class Job:
     session: Session
     kind: str
     ticket: int
+    before_start: bool = False  # ticketless work a Stop reached while it waited in the queue
 
     @property
     def stopped(self) -> bool:
-        return self.session.stopped(self.ticket)
+        if self.before_start:
+            return True
+        if self.session.stopped(self.ticket):
+            self.session.claim_stop()
+            return True
+        return False
 
     @property
     def superseded(self) -> bool:

@@ -23,7 +23,7 @@ import viz.page as page
 from studio import lab, runs, views
 from studio.gpu import MAX_RUN_S, gpu, run_seconds
 from studio.inputs import MAX_PROMPT_CHARS
-from studio.models import MODELS, preset_choices
+from studio.models import MODELS, load_preset, preset_choices
 from studio.sessions import SESSIONS
 from via_sd import PRESETS, Trace
 
@@ -140,7 +140,7 @@ def test_a_model_that_cannot_load_gives_a_message_and_frees_the_old_pair(monkeyp
                                             "about": "a pair whose files are missing"})
     old = weakref.ref(MODELS.pair("random"))
     assert MODELS.pair("random") is old(), "one loaded pair, shared"
-    device, status = app.load_preset("broken")
+    device, status = load_preset("broken")
     assert 'data-kind="error"' in status and "could not load preset &#x27;broken&#x27;" in status
     assert "does not exist" in status
     assert old() is None, "switching preset freed the old pair first"
@@ -441,3 +441,18 @@ def test_a_projection_control_changes_the_projected_speed_up_and_says_projection
     assert "H100" in gpu_view and "projection" in gpu_view
     flatness, c, s = costs.profile_controls(traces, "H100")
     assert flatness == 0.0 and 0 < c < 1 and 0 < s <= 1
+
+
+def test_an_api_run_has_no_ticket_step_so_a_stop_nobody_claimed_ends_it_before_it_starts():
+    api, page_session = session("api-client"), session("api-other")
+    runs.stop_work(api)  # the client's /stop while its /run waits in the queue (no run of it is running)
+    outs = list(runs.run_compare(*RUN_ARGS, request=api))
+    assert len(outs) == 1 and "Stopped before it started" in outs[0][4]
+    again = list(runs.run_compare(*RUN_ARGS, request=api))  # that Stop was used up: the next run runs
+    assert 'data-kind="ok"' in again[-1][4]
+    running = runs.run_compare(*RUN_ARGS[:7], 512, *RUN_ARGS[8:], request=page_session)
+    next(running), next(running)
+    runs.stop_work(page_session)  # a Stop that the running run takes up ...
+    assert 'data-kind="stop"' in list(running)[-1][4]
+    assert 'data-kind="ok"' in list(runs.run_compare(*RUN_ARGS, request=page_session))[-1][4], \
+        "... is not left over for the session's next run"
