@@ -5,7 +5,7 @@
 
 Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
 and kernels), after a 200-token context, at 12 row counts (the others interpolated): the median of
-three sweeps over them, the typical cost a run pays (a burst of other work on a shared machine hits
+five sweeps over every probe, the typical cost a run pays (a burst of other work on a shared machine hits
 one sweep; the fastest of them was ~20% below what runs paid), and a curve over rows is made
 non-decreasing. A profile is keyed by what changes it: the two models and what they are built of,
 the weights setting, the route, the device (CPU model or GPU name), the thread count and the torch
@@ -32,7 +32,7 @@ from .routing import ProgressiveVerifier
 log = logging.getLogger("via_sd.profile")
 VERSION = 3
 CONTEXT = 200
-REPEATS = 3
+REPEATS = 5
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
@@ -103,10 +103,6 @@ def _time_ms(clock: Clock, fn, before=None) -> float:
     return clock.ms() - start
 
 
-def _median_ms(clock: Clock, fn, before=None, repeats: int = REPEATS) -> float:
-    return statistics.median(_time_ms(clock, fn, before) for _ in range(repeats))
-
-
 def _fill(measured: dict[int, float], rows: int) -> list[float]:
     """ms for k = 1..rows, linear between the measured k."""
     known = sorted(measured)
@@ -133,30 +129,15 @@ def _non_decreasing(values) -> tuple:
 
 @torch.inference_mode()
 def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
-    """Times every pass the cost model prices (about a minute for the embedded pair on 2 CPU cores)."""
+    """Times every pass the cost model prices (about a minute for the embedded pair on 2 CPU cores).
+
+    Every probe (a pass over k rows for each model, a prompt read) runs once per sweep, the sweeps one after
+    the other, and each probe keeps the median of its sweeps: a burst of other work on a shared machine
+    lands on a few probes of one sweep, not on every sweep of one probe."""
     clock, vocab = Clock(pair.device), pair.vocab_size
     gen = torch.Generator().manual_seed(0)
     seq = torch.randint(0, vocab, (CONTEXT + MAX_ROWS + max(PROMPT_LENGTHS),), generator=gen).tolist()
     out = pair.drafter.device
-    steps = 4 * REPEATS + 3 * len(PROMPT_LENGTHS)
-    done = [0]
-
-    def tick(what: str):
-        done[0] += 1
-        if progress is not None:
-            progress(f"measuring the cost profile: {what}", done[0] / steps)
-
-    def rows_curve(read, rollback, rows, name, before=None):
-        times = {k: [] for k in rows}
-        for sweep in range(REPEATS):  # sweeps over every k in turn: a burst of other work hits one k, not all
-            for k in rows:
-                def prepare(k=k):
-                    rollback(CONTEXT)
-                    if before is not None:
-                        before(k)
-                times[k].append(_time_ms(clock, lambda k=k: read(seq, CONTEXT + k, k), prepare))
-            tick(f"{name}, sweep {sweep + 1} of {REPEATS}")
-        return _non_decreasing(_fill({k: statistics.median(t) for k, t in times.items()}, max(rows)))
 
     def cached(model):
         m = CachedModel(model, vocab, out, out)
@@ -166,27 +147,48 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         return m
 
     full, slim, drafter = cached(pair.verifier), cached(pair.slim), cached(pair.drafter)
-    verify_ms = rows_curve(full.logits, full.rollback, ROWS, "full verifier")
-    slim_ms = rows_curve(slim.logits, slim.rollback, ROWS, "slim verifier")
-    draft_ms = rows_curve(drafter.logits, drafter.rollback, range(1, 4), "drafter")
-    del full, slim, drafter
-
     both = ProgressiveVerifier(pair.slim, vocab, out)
     slim_view, full_view = both.view("slim"), both.view("full")
     slim_view.logits(seq, CONTEXT, 1)
     full_view.logits(seq, CONTEXT, 1)
-    resume_ms = rows_curve(full_view.logits, both.rollback, ROWS, "full pass after a slim pass",
-                           before=lambda k: slim_view.logits(seq, CONTEXT + k, k))
 
+    def rows_probe(model, k, before=None):
+        def prepare():
+            model.rollback(CONTEXT)
+            if before is not None:
+                before(k)
+        return prepare, lambda: model.logits(seq, CONTEXT + k, k)
 
-    prompt_ms = {}
-    for name, model in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
-        prompt_ms[name] = {}
+    def prompt_probe(module, n):
+        holder = {}
+        return (lambda: holder.update(m=CachedModel(module, vocab, out, out))), (lambda: holder["m"].logits(seq, n, 1))
+
+    def after_slim(k):
+        both.rollback(CONTEXT)
+        slim_view.logits(seq, CONTEXT + k, k)
+
+    probes = {}
+    for k in ROWS:
+        probes[("verify", k)] = rows_probe(full, k)
+        probes[("slim", k)] = rows_probe(slim, k)
+        probes[("resume", k)] = (lambda k=k: after_slim(k)), (lambda k=k: full_view.logits(seq, CONTEXT + k, k))
+    for k in range(1, 4):
+        probes[("draft", k)] = rows_probe(drafter, k)
+    for name, module in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
         for n in PROMPT_LENGTHS:
-            fresh = lambda: CachedModel(model, vocab, out, out)  # noqa: E731
-            holder = {}
-            prompt_ms[name][n] = _median_ms(clock, lambda: holder["m"].logits(seq, n, 1),
-                                            lambda: holder.update(m=fresh()))
-            tick(f"{name} reading a {n}-token prompt")
-        prompt_ms[name] = dict(zip(PROMPT_LENGTHS, _non_decreasing(prompt_ms[name][n] for n in PROMPT_LENGTHS)))
-    return CostProfile(verify_ms, slim_ms, resume_ms, draft_ms, prompt_ms, key or profile_key(pair))
+            probes[(name, n)] = prompt_probe(module, n)
+    times = {p: [] for p in probes}
+    for sweep in range(REPEATS):
+        for p, (prepare, run) in probes.items():
+            times[p].append(_time_ms(clock, run, prepare))
+        if progress is not None:
+            progress(f"measuring the cost profile: sweep {sweep + 1} of {REPEATS}", (sweep + 1) / REPEATS)
+    ms = {p: statistics.median(t) for p, t in times.items()}
+
+    def curve(kind, rows):
+        return _non_decreasing(_fill({k: ms[(kind, k)] for k in rows}, max(rows)))
+
+    prompt_ms = {name: dict(zip(PROMPT_LENGTHS, _non_decreasing(ms[(name, n)] for n in PROMPT_LENGTHS)))
+                 for name in ("drafter", "slim", "full")}
+    return CostProfile(curve("verify", ROWS), curve("slim", ROWS), curve("resume", ROWS), curve("draft", range(1, 4)),
+                       prompt_ms, key or profile_key(pair))
