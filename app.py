@@ -215,6 +215,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     .then(lab.what_if_view, whatif_inputs, [whatif, whatif_plot], **light)
                     .then(lab.what_if_presets, whatif_inputs, [presets_plot], **light)
                     .then(views.race_ready, [traces, race_view], [race_view], **light)
+                    .then(runs.settle, [traces], None, **light)
                     .then(runs.fidelity_after_run, [traces], [metrics, traces], api_name=False, show_progress="hidden",
                           **on_model))
 

@@ -164,6 +164,18 @@ def is_current(traces: dict, request=None) -> bool:
     return request is None or SESSIONS.get(request).is_latest("run", (traces or {}).get("ticket"))
 
 
+SETTLE_S = 2.0  # fidelity waits this long after Done: a Run pressed meanwhile goes first and the fidelity is skipped
+
+
+def settle(traces: dict, request: gr.Request = None) -> None:
+    """A pause after Done, outside the model's queue, before fidelity takes the model for a pass or two: a
+    Run pressed right after Done never waits behind it (measured: up to 1.6 s on the embedded pair)."""
+    waited = 0.0
+    while request is not None and waited < SETTLE_S and is_current(traces, request):
+        time.sleep(0.1)
+        waited += 0.1
+
+
 @gpu(duration=60)
 def fidelity_after_run(traces: dict, request: gr.Request = None):
     """After Done: fidelity of VIA-SD and SD against the full model (AR's output as the reference when it
