@@ -204,9 +204,10 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         on_model = dict(concurrency_id="gpu", concurrency_limit=1)  # one piece of model work at a time
 
         def after_run(event):
-            """What follows every run and every upload; each step is skipped once a newer run was asked for,
-            and fidelity (a model pass) comes last."""
-            return (event.then(costs.panel_after_run, [traces, theme], [cost_panel, cost_plot], **light)
+            """What follows every run and every upload, after a pause (a Run pressed right after Done goes
+            first); each step is skipped once a newer run was asked for, and fidelity (a model pass) comes last."""
+            return (event.then(runs.settle, [traces], None, **light)
+                    .then(costs.panel_after_run, [traces, theme], [cost_panel, cost_plot], **light)
                     .then(costs.profile_controls, [traces, profile], [flatness, drafter_cost, slim_cost], **light)
                     .then(costs.projection, projection_inputs, [projection], **light)
                     .then(views.views, [traces, theme], view_outputs, **light)
@@ -215,7 +216,6 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     .then(lab.what_if_view, whatif_inputs, [whatif, whatif_plot], **light)
                     .then(lab.what_if_presets, whatif_inputs, [presets_plot], **light)
                     .then(views.race_ready, [traces, race_view], [race_view], **light)
-                    .then(runs.settle, [traces], None, **light)
                     .then(runs.fidelity_after_run, [traces], [metrics, traces], api_name=False, show_progress="hidden",
                           **on_model))
 
