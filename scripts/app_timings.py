@@ -34,7 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from scripts.lowbit_memory import vm  # noqa: E402
-from test_app_browser import CHROMIUM, CHROMIUM_ARGS, free_port  # noqa: E402
+from test_app_browser import CHROMIUM, free_port  # noqa: E402
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 PROMPT = ("Write a Python function `is_palindrome(s)` that returns True if the string is a palindrome, ignoring "
           "case, spaces and punctuation, and give it a short docstring with two examples of its use.")  # ~40 tokens
