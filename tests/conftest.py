@@ -38,3 +38,19 @@ def tiny_routed_pair():
 def embedded_pair():
     """The real Qwen2.5-Coder 0.5B -> 1.5B pair from the PyPI wheels (built into a cache on first use)."""
     return load_pair("embedded")
+
+
+CHROMIUM = "/usr/bin/chromium"  # Debian's (scripts/setup.sh --dev installs it); never `playwright install`
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """One headless Chromium for every browser test of the session (two sync Playwrights in one thread clash)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        yield browser
+        browser.close()

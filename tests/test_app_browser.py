@@ -25,8 +25,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 TIMEOUT_MS = 90_000  # the machine is shared: generous, a slow page is not a broken page
 
 pytestmark = [
@@ -72,14 +70,10 @@ def app_url(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def browser():
-    from playwright.sync_api import sync_playwright
-
+def browser(chromium):
+    """The session's one Chromium (tests/conftest.py), with a folder for this module's screenshots."""
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
+    return chromium
 
 
 def open_page(browser, url: str, theme: str = "light"):

@@ -460,9 +460,7 @@ CHROMIUM = "/usr/bin/chromium"
 
 @pytest.mark.browser
 @pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Debian's chromium at {CHROMIUM}")
-def test_no_uploaded_payload_runs_in_the_page(traces, server, tmp_path):
-    from playwright.sync_api import sync_playwright
-
+def test_no_uploaded_payload_runs_in_the_page(traces, server, tmp_path, chromium):
     files = []
     for n, payload in enumerate(XSS):
         data = traces["via"].to_dict()  # shown fields take the payload as text; counted fields are refused
@@ -477,32 +475,31 @@ def test_no_uploaded_payload_runs_in_the_page(traces, server, tmp_path):
         data = traces["via"].to_dict()
         data["schema"] = payload
         files.append((tmp_path / f"schema-{n}.json", data, "error"))
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
-        for path, data, kind in files:
-            path.write_text(json.dumps(data), encoding="utf-8")
-            page = browser.new_page(viewport={"width": 1440, "height": 1000})
-            page.set_default_timeout(90_000)
-            page.goto(server, wait_until="domcontentloaded")
-            page.wait_for_selector("#run")
-            page.get_by_role("tab", name="Trace").click()
-            page.locator("#trace-upload input[type=file]").set_input_files(str(path))
-            page.wait_for_selector(f'#status [data-kind="{kind}"]')
-            if kind == "ok":
-                page.wait_for_selector("#via-tokens .via-tok")
-                page.get_by_role("tab", name="Learn").click()
-                page.wait_for_selector('#learn-view .via-learn[data-state="round"]')
-                page.locator("#via-tokens .via-tok").first.hover()
-            else:
-                assert path.name in page.locator("#status").inner_text()
-            page.wait_for_timeout(300)  # an onerror / onload would have fired by now
-            assert page.evaluate("window.__xss") is None, f"{path.name}: a payload ran"
-            page.close()
-        page = browser.new_page()  # the control: the same payload, inserted unescaped, does run
+    browser = chromium  # the session's one Chromium (tests/conftest.py): a second Playwright clashes with it
+    for path, data, kind in files:
+        path.write_text(json.dumps(data), encoding="utf-8")
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.set_default_timeout(90_000)
         page.goto(server, wait_until="domcontentloaded")
-        page.evaluate("html => document.body.insertAdjacentHTML('beforeend', html)", XSS[0])
-        page.wait_for_function("window.__xss === 1", timeout=10_000)
-        browser.close()
+        page.wait_for_selector("#run")
+        page.get_by_role("tab", name="Trace").click()
+        page.locator("#trace-upload input[type=file]").set_input_files(str(path))
+        page.wait_for_selector(f'#status [data-kind="{kind}"]')
+        if kind == "ok":
+            page.wait_for_selector("#via-tokens .via-tok")
+            page.get_by_role("tab", name="Learn").click()
+            page.wait_for_selector('#learn-view .via-learn[data-state="round"]')
+            page.locator("#via-tokens .via-tok").first.hover()
+        else:
+            assert path.name in page.locator("#status").inner_text()
+        page.wait_for_timeout(300)  # an onerror / onload would have fired by now
+        assert page.evaluate("window.__xss") is None, f"{path.name}: a payload ran"
+        page.close()
+    page = browser.new_page()  # the control: the same payload, inserted unescaped, does run
+    page.goto(server, wait_until="domcontentloaded")
+    page.evaluate("html => document.body.insertAdjacentHTML('beforeend', html)", XSS[0])
+    page.wait_for_function("window.__xss === 1", timeout=10_000)
+    page.close()
 
 
 # ---- through the API: a Stop while queued -----------------------------------------------------------
