@@ -1,7 +1,7 @@
 """Fidelity: how closely an output follows the full verifier (VIA-SD is lossy, plain SD is not).
 
-One teacher-forced forward pass of the full verifier over prompt + output scores every emitted
-token at once:
+The full verifier reads the prompt, then the output teacher-forced in one pass over that cache, and
+scores every emitted token at once:
     agreement     share of emitted tokens equal to the full model's argmax at that position
     mean_logprob  mean log q(token) of the emitted tokens under the full model
 Against an autoregressive reference, `logprob_delta` = mean_logprob - the reference's (0 or
@@ -11,6 +11,7 @@ below: greedy AR output is what the full model itself prefers token by token).
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
 
 @torch.inference_mode()
@@ -19,9 +20,17 @@ def score_output(pair, prompt_ids: list[int], token_ids: list[int]) -> dict:
     n = len(token_ids)
     if n == 0:
         return {"tokens": 0, "agreeing": 0, "agreement": None, "mean_logprob": None, "first_disagreement": None}
-    # position j of prompt+output[:-1] predicts output token j - len(prompt) + 1, so keep the last n
-    ids = torch.tensor([list(prompt_ids) + list(token_ids[:-1])], device=pair.slim.device)
-    logits = pair.verifier(input_ids=ids, use_cache=False, logits_to_keep=n).logits[0, -n:, : pair.vocab_size]
+    # read as decoding reads it: the prompt alone (as AR's first call), then the output as one pass extending that
+    # cache (with row attention bit for bit AR's one-token steps, so greedy AR and SD output agree exactly)
+    device, cache = pair.slim.device, DynamicCache()
+    first = pair.verifier(input_ids=torch.tensor([list(prompt_ids)], device=device), past_key_values=cache,
+                          use_cache=True, logits_to_keep=1).logits[0, -1:]
+    parts = [first]
+    if n > 1:
+        rest = torch.tensor([list(token_ids[:-1])], device=device)
+        parts.append(pair.verifier(input_ids=rest, past_key_values=cache, use_cache=True,
+                                   logits_to_keep=n - 1).logits[0, -(n - 1):].to(first.device))
+    logits = torch.cat(parts)[:, : pair.vocab_size]
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     target = torch.tensor(token_ids, device=logprobs.device)
     agree = logprobs.argmax(-1) == target
