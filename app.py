@@ -31,7 +31,7 @@ import via_sd
 ROOT = Path(__file__).resolve().parent
 ASSETS = ROOT / "assets"
 _PAPER = via_sd.THRESHOLD_PRESETS[DEFAULT_THRESHOLD_PRESET]
-DEFAULTS = {"gamma": 5, "accept": _PAPER.accept, "escalate": _PAPER.escalate, "signal": _PAPER.signal,
+DEFAULTS = {"gamma": 0, "accept": _PAPER.accept, "escalate": _PAPER.escalate, "signal": _PAPER.signal,
             "temperature": 0.0, "max_new_tokens": 64, "seed": 0, "with_ar": True}
 # One theme check for every event that draws figures: Gradio marks dark mode with body.dark.
 THEME_JS = "() => document.body.classList.contains('dark') ? 'dark' : 'light'"
@@ -76,8 +76,8 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                                  info="tier C: confidence < escalate asks the full model", elem_id="escalate")
             signal = gr.Radio([("slim verifier r = q′(x)/max q′", "slim"), ("drafter p(x)", "draft")],
                               value=DEFAULTS["signal"], label="whose confidence sorts the tiers", elem_id="signal")
-            gamma = gr.Slider(1, 16, value=DEFAULTS["gamma"], step=1, label="gamma (drafts per round)",
-                              elem_id="gamma")
+            gamma = gr.Slider(0, 16, value=DEFAULTS["gamma"], step=1, elem_id="gamma",
+                              label="gamma (drafts per round; 0 = auto, each round from this machine's costs)")
             max_new_tokens = gr.Slider(8, 512, value=DEFAULTS["max_new_tokens"], step=8, label="max new tokens",
                                        elem_id="max-new-tokens")
             temperature = gr.Slider(0, 2, value=DEFAULTS["temperature"], step=0.05, label="temperature (0 = greedy)",
