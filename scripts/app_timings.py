@@ -80,6 +80,18 @@ WATCH_JS = """(expected) => {
 }"""
 
 
+def timed_run(page, result: dict, name: str) -> None:
+    """Clicks Run and records when the first pending draft, decided token and token text appeared
+    (`{name}_pending_s`, ...), then waits for the run to say Done or fail."""
+    page.evaluate(RUN_WATCH_JS)
+    page.locator("#run").click()
+    page.wait_for_function("window.__run.token !== undefined")
+    marks = page.evaluate("window.__run")
+    for mark in ("pending", "decided", "token"):
+        result[f"{name}_{mark}_s"] = marks.get(mark)
+    page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="embedded")
@@ -125,28 +137,13 @@ def main() -> int:
             tokens.fill(str(args.max_new_tokens))
             tokens.press("Enter")
             time.sleep(0.5)
-            page.evaluate(RUN_WATCH_JS)
             clicked = time.perf_counter()
-            page.locator("#run").click()
-            page.wait_for_selector("#via-tokens .via-tok")
-            page.wait_for_function("window.__run.token !== undefined")
-            run_marks = page.evaluate("window.__run")
-            result["first_pending_s"] = run_marks.get("pending")
-            result["first_decided_s"] = run_marks.get("decided")
-            result["first_token_s"] = run_marks.get("token")
-            page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
+            timed_run(page, result, "first")
             result["run_s"] = time.perf_counter() - clicked
             result["app_peak_rss_gb"] = round(vm("VmHWM", proc.pid), 2)  # `python app.py` after one comparison
             result["status"] = page.locator("#status").inner_text().strip()
             # back to back: Run again the moment the first run says Done (its figures and fidelity still due)
-            page.evaluate(RUN_WATCH_JS)
-            page.locator("#run").click()
-            page.wait_for_function("window.__run.token !== undefined")
-            again = page.evaluate("window.__run")
-            result["again_pending_s"] = again.get("pending")
-            result["again_decided_s"] = again.get("decided")
-            result["again_token_s"] = again.get("token")
-            page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
+            timed_run(page, result, "again")
             result["again_status"] = page.locator("#status").inner_text().strip()
             page.wait_for_selector("#cost-plot .js-plotly-plot")
             page.wait_for_function("document.querySelector('#metrics [data-metric=\"fidelity\"] .via-card-value')"
