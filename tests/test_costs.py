@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from via_sd import DecodeConfig, Thresholds, Trace, generate, tiny_random_pair
-from via_sd.costs import (CostProfile, Rates, best_gamma, ceiling, expected_emitted, predict, price_calls, roofline,
-                          scaled)
+from via_sd.costs import (CostProfile, Rates, best_gamma, ceiling, expected_emitted, predict, predicted_tokens_per_s,
+                          price_calls, roofline, scaled)
 from via_sd.profile import profile_for, profile_key, profile_path
 
 
@@ -72,7 +72,9 @@ def test_a_real_run_records_its_gamma_and_every_forward(tiny_pair, tmp_path, mon
         drafter_rows = sum(c["rows"] for r in trace.rounds for c in r["calls"] if c["model"] == "drafter")
         assert drafter_rows >= sum(len(r["candidates"]) for r in trace.rounds) - 1
         assert trace.costs == tiny_pair.costs.to_dict()
-        assert trace.summary["predicted_tokens_per_s"] > 0
+        assert trace.summary["predicted_tokens_per_s"] > 0  # priced round by round, equal to pricing the whole trace
+        assert trace.summary["predicted_tokens_per_s"] == pytest.approx(
+            predicted_tokens_per_s(tiny_pair.costs, trace.rounds, trace.summary["new_tokens"]))
         assert Trace.from_json(trace.to_json()) == trace
     fixed = generate(tiny_pair, "hello world", "sd", DecodeConfig(gamma=2, max_new_tokens=12, chat=False))
     assert {r["gamma"] for r in fixed.rounds} <= {1, 2} and fixed.rounds[0]["gamma"] == 2

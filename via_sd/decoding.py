@@ -30,7 +30,7 @@ import torch
 
 from .cached import CachedModel, Clock, Reader
 from .config import DecodeConfig
-from .costs import Rates, best_gamma, predicted_tokens_per_s
+from .costs import Rates, best_gamma, call_ms
 from .models import ModelPair
 from .plan import force_verification, plan_round
 from .routing import ProgressiveVerifier
@@ -272,11 +272,13 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
     start, paused = clock.ms(), 0.0  # paused: time the consumer held an event
     unverified = 0  # tokens in a row kept as drafted since a verifier last checked one (max_unverified)
 
+    priced_ms = 0.0  # the recorded forwards priced by the cost profile (predicted_tokens_per_s)
+
     def summary(**extra) -> dict:
         wall = clock.ms() - start - paused
-        predicted = predicted_tokens_per_s(profile, trace.rounds, len(trace.tokens))
+        predicted = 1000.0 * len(trace.tokens) / priced_ms if priced_ms else 0.0
         return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids),
-                "predicted_tokens_per_s": predicted or 0.0, **extra}
+                "predicted_tokens_per_s": predicted, **extra}
 
     # No separate prefill: each model reads the prompt with its first call of the first round (the full
     # verifier in a call of its own: CachedModel), so its time is part of round 0; prefill_ms stays 0.
@@ -318,6 +320,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         dec.calls.clear()
         dec.learn(rnd, lag)
         record_round(trace, rnd, emitted, text, tally, round_at, clock.ms() - round_start - held)
+        priced_ms += sum(call_ms(profile, c) for c in rnd.calls)  # this round's forwards, priced once
         trace.token_ids, trace.text = seq[len(prompt_ids):], text.text
         if len(emitted) >= remaining or emitted[-1]["id"] in eos:
             break
