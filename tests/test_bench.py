@@ -163,8 +163,8 @@ class _Recording:
 def test_call_lengths_recorded_in_a_trace_are_what_the_models_were_fed(pair):
     assert pair.costs  # measured (or read) before the hooks go on: the profile's own passes are not a run's
     fed = {"drafter": [], "slim": [], "full": []}
-    hooks = [pair.drafter.register_forward_pre_hook(lambda m, a, kw: fed["drafter"].append(kw["input_ids"].shape[1]),
-                                                    with_kwargs=True),
+    hooks = [pair.drafter.model.embed_tokens.register_forward_pre_hook(  # the lean forward (lean.py) embeds too
+                 lambda m, a: fed["drafter"].append(a[0].shape[1])),
              pair.verifier.register_forward_pre_hook(lambda m, a, kw: fed["full"].append(kw["input_ids"].shape[1]),
                                                      with_kwargs=True)]
     original = pair.slim

@@ -29,6 +29,7 @@ from typing import Iterator
 import torch
 
 from .cached import CachedModel, Clock, Reader
+from .lean import drafter_cache
 from .config import DecodeConfig
 from .costs import Rates, best_gamma, call_ms
 from .models import ModelPair
@@ -51,7 +52,7 @@ class Decoder:
         self.device = pair.drafter.device  # where probabilities are compared and sampled
         self.calls: list = []  # the current round's forwards (Reader appends; the loop hands them to the Round)
         vocab = pair.vocab_size
-        drafter = CachedModel(pair.drafter, vocab, pair.drafter.device, self.device)
+        drafter = drafter_cache(pair.drafter, vocab, pair.drafter.device, self.device)
         if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
             verifiers = ProgressiveVerifier(pair.slim, vocab, self.device, slim_cache=config.slim_cache)
             slim, full = verifiers.view("slim"), verifiers.view("full")

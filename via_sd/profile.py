@@ -25,12 +25,13 @@ import threading
 import torch
 
 from .cached import CachedModel, Clock
+from .lean import drafter_cache
 from .costs import MAX_ROWS, PROMPT_LENGTHS, CostProfile
 from .paths import cache_root
 from .routing import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.profile")
-VERSION = 3
+VERSION = 4  # 4: the drafter runs its lean forward (lean.py)
 CONTEXT = 200
 REPEATS = 5
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
@@ -139,14 +140,14 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     seq = torch.randint(0, vocab, (CONTEXT + MAX_ROWS + max(PROMPT_LENGTHS),), generator=gen).tolist()
     out = pair.drafter.device
 
-    def cached(model):
-        m = CachedModel(model, vocab, out, out)
+    def cached(model, build=CachedModel):
+        m = build(model, vocab, out, out)
         m.logits(seq, CONTEXT, 1)
         m.logits(seq, CONTEXT + 1, 1)  # warm
         m.rollback(CONTEXT)
         return m
 
-    full, slim, drafter = cached(pair.verifier), cached(pair.slim), cached(pair.drafter)
+    full, slim, drafter = cached(pair.verifier), cached(pair.slim), cached(pair.drafter, drafter_cache)
     both = ProgressiveVerifier(pair.slim, vocab, out)
     slim_view, full_view = both.view("slim"), both.view("full")
     slim_view.logits(seq, CONTEXT, 1)
@@ -159,9 +160,9 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
                 before(k)
         return prepare, lambda: model.logits(seq, CONTEXT + k, k)
 
-    def prompt_probe(module, n):
+    def prompt_probe(module, n, build=CachedModel):
         holder = {}
-        return (lambda: holder.update(m=CachedModel(module, vocab, out, out))), (lambda: holder["m"].logits(seq, n, 1))
+        return (lambda: holder.update(m=build(module, vocab, out, out))), (lambda: holder["m"].logits(seq, n, 1))
 
     def after_slim(k):
         both.rollback(CONTEXT)
@@ -176,7 +177,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         probes[("draft", k)] = rows_probe(drafter, k)
     for name, module in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
         for n in PROMPT_LENGTHS:
-            probes[(name, n)] = prompt_probe(module, n)
+            probes[(name, n)] = prompt_probe(module, n, drafter_cache if name == "drafter" else CachedModel)
     times = {p: [] for p in probes}
     for sweep in range(REPEATS):
         for p, (prepare, run) in probes.items():
