@@ -10,6 +10,7 @@ import statistics
 import gradio as gr
 
 import viz.costs as draw
+from viz.page import plural
 
 try:  # the engine's cost model (pure Python)
     from via_sd import costs as model
@@ -102,15 +103,14 @@ def panel_info(traces: dict) -> dict | None:
 
 def sentences(info: dict) -> list[str]:
     g, V, dev = info["gamma"], info["V"], info["device"]
-    out = [f"Checking {g} drafts (one pass over {g + 1} tokens) costs {V:.1f} one-token passes on this {dev} "
-           f"(on a GPU it costs about 1)"
-           + (f", so at this acceptance ({info['alpha']:.2f}) rounds of {info['best_gamma']} "
-              f"draft{'s' if info['best_gamma'] != 1 else ''} pay best here."
-              if info.get("best_gamma") else ".")]
+    out = [f"Checking {plural(g, 'draft')} (one pass over {plural(g + 1, 'token')}) costs {V:.1f} one-token "
+           f"passes on this {dev} (on a GPU it costs about 1)"
+           + (f", so at this acceptance ({info['alpha']:.2f}) rounds of {plural(info['best_gamma'], 'draft')} "
+              f"pay best here." if info.get("best_gamma") else ".")]
     if "tiers" in info:
         out.append(f"A drafter step costs {info['c']:.2f} of a verifier pass and a slim pass {info['s']:.2f} of a "
                    f"full one, so VIA-SD gains over SD only where it skips the full model: it called it in "
-                   f"{info['full_calls']} of {info['rounds']} rounds.")
+                   f"{info['full_calls']} of {plural(info['rounds'], 'round')}.")
     return out
 
 
@@ -195,7 +195,7 @@ def projection(traces: dict, name: str = MEASURED, flatness=0.0, c=None, s=None)
     predicted = model.predict(profile, runs)
     g = round_gamma(runs.get("sd") or runs.get("via")) or 1
     sp = predicted["speedup"]
-    sentence = (f"On {label}, checking {g} drafts would cost {profile.V(g + 1):.2f} one-token passes (projection)"
+    sentence = (f"On {label}, checking {plural(g, 'draft')} would cost {profile.V(g + 1):.2f} one-token passes (projection)"
                 + (f", and this run's rounds would make VIA-SD {sp['via_vs_ar']:.2f}× as fast as AR (projection)."
                    if sp.get("via_vs_ar") else "."))
     return draw.projection_html({"label": label, "tokens_per_s": {m: v for m, v in predicted["tokens_per_s"].items()

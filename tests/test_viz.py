@@ -491,3 +491,20 @@ def test_cost_panel_curve_and_projection_draw_plain_numbers():
                              "speedup": {"via_vs_ar": 2.25}, "V": 1.0, "c": 0.1, "s": 0.6, "sentence": "x"})
     assert "PROJECTION" in shown and 'data-speedup="2.2500"' in shown
     assert shown.count("(projection)") == 5 and shown.count(">projection<") == 3, "every number says projection"
+
+
+def test_the_cost_panel_counts_in_words_one_draft_one_round_two_tokens():
+    from studio.costs import sentences
+    from viz.costs import cost_panel_html
+    from viz.page import plural
+
+    assert (plural(1, "draft"), plural(3, "draft"), plural(0, "round"), plural(None, "round")) == \
+        ("1 draft", "3 drafts", "0 rounds", "— rounds")
+    info = {"device": "CPU", "gamma": 1, "alpha": 0.5, "c": 0.4, "s": 0.9, "V": 1.2, "best_gamma": 1,
+            "tiers": {"draft": 1.0}, "full_calls": 1, "rounds": 1}
+    said = " ".join(sentences(info))
+    assert "Checking 1 draft (one pass over 2 tokens)" in said and "rounds of 1 draft pay" in said
+    assert "in 1 of 1 round." in said and not re.search(r"\b1 (drafts|rounds|tokens)\b", said)
+    panel = cost_panel_html({**info, "gamma": 0, "sentences": []})
+    assert "checking 1 token V(1)" in panel and "of 1 round<" in panel
+    assert not re.search(r"\b1 (drafts|rounds|tokens)\b", panel)

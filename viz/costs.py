@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from . import palette as P
 from .figstyle import _empty, _style
-from .page import SHORT, esc, fmt
+from .page import SHORT, esc, fmt, plural
 
 EMPTY = ('<div class="via-costs" data-state="empty">After a run, this panel shows what a verification pass '
          'costs on this machine, this run\'s acceptance and tier shares, and the speed the cost model predicts '
@@ -52,8 +52,8 @@ def cost_panel_html(info: dict) -> str:
             f'<div class="via-card" data-cost="c"><div class="via-card-title">drafter step c</div>'
             f'<div class="via-card-value">{fmt(info.get("c"), ".2f")}</div>'
             f'<div class="via-card-note">of a one-token verifier pass</div></div>'
-            f'<div class="via-card" data-cost="V"><div class="via-card-title">checking {esc(gk)} tokens V({esc(gk)})'
-            f'</div><div class="via-card-value">{fmt(info.get("V"), ".2f")}</div>'
+            f'<div class="via-card" data-cost="V"><div class="via-card-title">checking {esc(plural(gk, "token"))} '
+            f'V({esc(gk)})</div><div class="via-card-value">{fmt(info.get("V"), ".2f")}</div>'
             f'<div class="via-card-note">one-token passes (1 = free, as on a GPU)</div></div>'
             f'<div class="via-card" data-cost="s"><div class="via-card-title">slim pass s</div>'
             f'<div class="via-card-value">{fmt(info.get("s"), ".2f")}</div>'
@@ -61,7 +61,7 @@ def cost_panel_html(info: dict) -> str:
             f'<div class="via-card" data-cost="alpha"><div class="via-card-title">acceptance α (SD)</div>'
             f'<div class="via-card-value">{fmt(info.get("alpha"), ".2f")}</div>'
             f'<div class="via-card-note">VIA-SD: {tier_txt}; full model in {esc(info.get("full_calls", "—"))} '
-            f'of {esc(info.get("rounds", "—"))} rounds</div></div></div>'
+            f'of {esc(plural(info.get("rounds"), "round"))}</div></div></div>'
             f'<div class="via-costs-formula">{formula} <small>(the ceiling at γ = {esc(g)}, i.i.d. acceptance, '
             f'prompt reads left out)</small></div>'
             f'<table class="via-costs-table"><tr><th>speed-up</th><th>predicted</th><th>measured</th></tr>{rows}</table>'

@@ -31,6 +31,14 @@ def fmt(x: Any, spec: str = ".2f", suffix: str = "") -> str:
     return f"{x:{spec}}{suffix}" if isinstance(x, (int, float)) and not isinstance(x, bool) and x == x else "—"
 
 
+def plural(n: Any, word: str, words: str | None = None) -> str:
+    """"1 draft", "3 drafts", "— drafts" (a count not known)."""
+    many = words or f"{word}s"
+    if not isinstance(n, (int, float)) or isinstance(n, bool) or n != n:
+        return f"— {many}"
+    return f"{n:g} {word if n == 1 else many}"
+
+
 def ratio(a: Any, b: Any) -> float | None:
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a and b else None
 
