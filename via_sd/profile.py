@@ -34,6 +34,7 @@ log = logging.getLogger("via_sd.profile")
 VERSION = 4  # 4: the drafter runs its lean forward (lean.py)
 CONTEXT = 200
 REPEATS = 5
+ANCHOR_REPEATS = 3  # the one-token passes that c rests on run 3 times a sweep (cheap; c is the noisiest number)
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
@@ -178,10 +179,12 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     for name, module in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
         for n in PROMPT_LENGTHS:
             probes[(name, n)] = prompt_probe(module, n, drafter_cache if name == "drafter" else CachedModel)
+    anchors = {("verify", 1), *((kind, k) for kind, k in probes if kind == "draft")}  # c = draft(1) / verify(1)
     times = {p: [] for p in probes}
     for sweep in range(REPEATS):
         for p, (prepare, run) in probes.items():
-            times[p].append(_time_ms(clock, run, prepare))
+            for _ in range(ANCHOR_REPEATS if p in anchors else 1):
+                times[p].append(_time_ms(clock, run, prepare))
         if progress is not None:
             progress(f"measuring the cost profile: sweep {sweep + 1} of {REPEATS}", (sweep + 1) / REPEATS)
     ms = {p: statistics.median(t) for p, t in times.items()}
