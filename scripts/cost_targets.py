@@ -2,7 +2,8 @@
 
 For every held-out prompt, the four settings run one after the other (the order rotating), greedy, with
 the default gamma="auto"; then each is scored by the full model (teacher-forced agreement). Printed:
-paired per-prompt speed ratios (medians), agreement, tier shares, SD == AR, the cost model's
+paired per-prompt speed ratios (medians; whole runs, and from round 1 on: round 0 reads the prompt, by both
+models in SD and VIA-SD), agreement, tier shares, SD == AR, the cost model's
 predicted tokens/s next to the measured ones (median error per method), and for `paper` the slim cost
 at which it would match plain SD (the recorded runs re-priced with a cheaper slim pass, via_sd.costs).
 
@@ -29,6 +30,22 @@ prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.str
 SETTINGS = {"ar": ("ar", Thresholds()), "sd": ("sd", Thresholds()),
             "paper": ("via", Thresholds.preset("paper")), "fastest": ("via", Thresholds.preset("fastest"))}
 generate(pair, "Warm up.", "sd", DecodeConfig(max_new_tokens=4))
+
+
+def after_prompt(trace) -> float:
+    """tokens/s from round 1 on: without round 0, which reads the prompt (the drafter's too, in SD and VIA-SD)."""
+    later = [t for t in trace.tokens if t["round"] > 0]
+    if len(trace.rounds) < 2 or not later:
+        return trace.summary["tokens_per_s"]
+    return 1000.0 * len(later) / max(trace.summary["wall_ms"] - trace.rounds[1]["start_ms"], 1e-9)
+
+
+def prompt_share(trace) -> float:
+    """Round 0 (the prompt read and the first round) as a share of the run's time."""
+    end = trace.rounds[1]["start_ms"] if len(trace.rounds) > 1 else trace.summary["wall_ms"]
+    return end / max(trace.summary["wall_ms"], 1e-9)
+
+
 runs = []
 for i, prompt in enumerate(prompts):
     names = list(SETTINGS)
@@ -41,7 +58,8 @@ for i, prompt in enumerate(prompts):
         fid = measure_fidelity(pair, trace)
         s = trace.summary
         gammas = [r["gamma"] for r in trace.rounds if r["gamma"]]
-        runs.append({"prompt": i, "name": name, "tps": s["tokens_per_s"], "predicted": s["predicted_tokens_per_s"],
+        runs.append({"prompt": i, "name": name, "tps": s["tokens_per_s"], "after": after_prompt(trace),
+                     "prompt_share": prompt_share(trace), "predicted": s["predicted_tokens_per_s"],
                      "agreement": fid["agreement"], "tiers": s["tier_counts"], "tokens": trace.token_ids,
                      "gamma": statistics.mean(gammas) if gammas else 0.0, "trace": trace})
     print(f"prompt {i}: " + ", ".join(f"{n} {r['tps']:.2f} tok/s" for n, r in
@@ -52,15 +70,15 @@ def by(name):
     return {r["prompt"]: r for r in runs if r["name"] == name}
 
 
-def ratio(a, b):
-    return statistics.median(by(a)[p]["tps"] / by(b)[p]["tps"] for p in by(a))
+def ratio(a, b, key="tps"):
+    return statistics.median(by(a)[p][key] / by(b)[p][key] for p in by(a))
 
 
 print(f"\ncost profile: verify(1) {profile.verify(1):.1f} ms, c = {profile.c:.3f}, "
       f"V(2..6) = {', '.join(f'{profile.V(k):.2f}' for k in range(2, 7))}, s(1) = {profile.s(1):.2f}")
 print("| setting | tokens/s (median) | × AR | × SD | predicted tokens/s | prediction error (median) | mean gamma | "
-      "agreement | tiers draft/slim/full | same output as AR |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+      "agreement | tiers draft/slim/full | same output as AR | after round 0: × AR / × SD | round 0's share |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for name in SETTINGS:
     rs = list(by(name).values())
     tiers = {t: sum(r["tiers"][t] for r in rs) for t in ("draft", "slim", "full")}
@@ -70,7 +88,9 @@ for name in SETTINGS:
     print(f"| {name} | {statistics.median(r['tps'] for r in rs):.2f} | {ratio(name, 'ar'):.2f}× | "
           f"{ratio(name, 'sd'):.2f}× | {statistics.median(r['predicted'] for r in rs):.2f} | {err:+.0%} | "
           f"{statistics.mean(r['gamma'] for r in rs):.1f} | {statistics.mean(r['agreement'] for r in rs):.3f} | "
-          + "/".join(f"{100 * tiers[t] / total:.0f}%" for t in tiers) + f" | {same:.0%} |")
+          + "/".join(f"{100 * tiers[t] / total:.0f}%" for t in tiers) + f" | {same:.0%} | "
+          f"{ratio(name, 'ar', 'after'):.2f}× / {ratio(name, 'sd', 'after'):.2f}× | "
+          f"{statistics.median(r['prompt_share'] for r in rs):.0%} |")
 
 # paper vs SD under a cheaper slim pass: the recorded runs re-priced (no re-run), to find where paper matches SD
 needed = None
