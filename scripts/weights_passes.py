@@ -15,7 +15,8 @@ forward, and we count how often its top-1 equals fp32's top-1 at the same positi
 
 --drafter: the drafter's levers, int4, side by side in one process: one drafter step (one new token
 after a 200-token context) for the drafter as it was (separate matmuls, whole head), fused q/k/v and
-gate/up, the frequency-ranked head at several N, and both; each round also times one verifier
+gate/up, the frequency-ranked head at several N, and both, and both run by the lean forward (via_sd/lean.py,
+as decoding runs the drafter now); each round also times one verifier
 one-token pass (as shipped, and with its matmuls fused: logits compared bit for bit), so c = drafter
 step / verifier pass is a ratio of neighbours. Then prompt reads of 40 and 200 tokens by each model,
 int4 kernel vs de-quantized bf16 matmuls (every layer that can) vs the machine's rule (kernels.py).
@@ -38,6 +39,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from via_sd import load_pair  # noqa: E402
 from via_sd.bench.inputs import DEFAULT_PROMPTS, load_prompts  # noqa: E402
+from via_sd.lean import LeanDecoder  # noqa: E402
 
 
 class Passes:
@@ -85,6 +87,14 @@ def _step(model, cache) -> float:
     return elapsed * 1000
 
 
+def _lean_step(model, seq) -> float:
+    """ms of one new token after the cached context, through the lean forward (rolled back after)."""
+    model.rollback(len(seq) - 1)
+    start = time.perf_counter()
+    model.logits(seq, len(seq), 1)
+    return (time.perf_counter() - start) * 1000
+
+
 def _set_dense(model, rule) -> None:
     from via_sd.lowbit import Int4Linear
 
@@ -117,12 +127,17 @@ def drafter_levers(args) -> int:
         same = [torch.equal(models[v](torch.cat([context, probe], 1)).logits[0, -3:],
                             models[v + " fused"](torch.cat([context, probe], 1)).logits[0, -3:]) for v in ["verifier"]]
     print(f"verifier logits, fused vs separate, bit for bit: {same}", flush=True)
-    times = {name: [] for name in models}
-    names = list(models)
+    seq = context[0].tolist() + [1234]
+    lean = {}  # the shipped drafter run by via_sd/lean.py's forward instead of transformers'
+    for n in map(int, args.heads.split(",")):
+        lean[f"fused + head {n}, lean forward"] = LeanDecoder(models[f"fused + head {n}"], 151936, "cpu", "cpu")
+        lean[f"fused + head {n}, lean forward"].logits(seq, 200, 1)
+    times = {name: [] for name in [*models, *lean]}
+    names = list(times)
     for rep in range(args.repeat + 1):
         order = names[rep % len(names):] + names[:rep % len(names)]
         for name in order:
-            times[name].append(_step(models[name], caches[name]))
+            times[name].append(_lean_step(lean[name], seq) if name in lean else _step(models[name], caches[name]))
     keep = {k: v[1:] for k, v in times.items()}  # round 0 warms up
     rows = []
     for name in names:
