@@ -92,3 +92,19 @@ def test_greedy_sd_with_the_lean_drafter_equals_ar(tiny_pair):
     ids = [[t["id"] for t in trace.tokens] for trace in (ar, sd)]
     assert ids[0] == ids[1] and len(ids[0]) == 40
     assert sd.summary["mean_accepted_length"] > 1.0  # drafts were proposed and kept
+
+
+@pytest.mark.embedded
+def test_the_embedded_drafter_through_the_lean_forward_proposes_what_transformers_forward_does(embedded_pair):
+    """The real Qwen2 drafter (int4, fused, frequency-ranked head): the same logits step by step."""
+    pair = embedded_pair
+    seq = pair.encode("Write a Python function that merges two sorted lists.") + list(range(1000, 1030))
+    prompt = len(seq) - 30
+    ref = CachedModel(pair.drafter, pair.vocab_size, "cpu", "cpu")
+    lean = drafter_cache(pair.drafter, pair.vocab_size, "cpu", "cpu")
+    assert isinstance(lean, LeanDecoder)
+    for upto, keep in [(prompt, 1), *((n, 1) for n in range(prompt + 1, prompt + 20)), (prompt + 24, 4),
+                       (prompt + 22, 2), (prompt + 30, 8)]:
+        a, b = ref.logits(seq, upto, keep), lean.logits(seq, upto, keep)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))
+        torch.testing.assert_close(b, a, atol=0.05, rtol=0)
