@@ -62,6 +62,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
     # Gradio copies every served file into its own cache: hourly, drop copies older than an hour
     with gr.Blocks(title="VIA-SD Studio", fill_width=True, delete_cache=(3600, 3600)) as demo:
         traces = gr.State({})  # the session's last run: {method: Trace, "ticket", "preset", "fidelity"}
+        settled = gr.State({})  # the run the follow-up steps draw (`runs.settle` hands it on after Done)
         run_ticket, sweep_ticket, route_ticket = gr.State(None), gr.State(None), gr.State(None)
         theme = gr.Textbox(value="light", visible="hidden", elem_id="theme")
 
@@ -205,19 +206,22 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
 
         def after_run(event):
             """What follows every run and every upload, after a pause (a Run pressed right after Done goes
-            first); each step is skipped once a newer run was asked for, and fidelity (a model pass) comes last."""
-            return (event.then(runs.settle, [traces], None, **light)
-                    .then(costs.panel_after_run, [traces, theme], [cost_panel, cost_plot], **light)
-                    .then(costs.profile_controls, [traces, profile], [flatness, drafter_cost, slim_cost], **light)
-                    .then(costs.projection, projection_inputs, [projection], **light)
-                    .then(views.views, [traces, theme], view_outputs, **light)
-                    .then(views.trace_table_after_run, [traces, trace_method], [table, json_download, csv_download],
-                          **light)
-                    .then(lab.what_if_view, whatif_inputs, [whatif, whatif_plot], **light)
-                    .then(lab.what_if_presets, whatif_inputs, [presets_plot], **light)
-                    .then(views.race_ready, [traces, race_view], [race_view], **light)
-                    .then(runs.fidelity_after_run, [traces], [metrics, traces], api_name=False, show_progress="hidden",
-                          **on_model))
+            first). A newer run ends the chain at `settle` (the next step follows on success only) or makes each
+            later step skip; fidelity (a model pass) comes last. The steps read `settled`, the record this chain
+            is for: `traces` is the newest run's by the time they are queued."""
+            followup_inputs = [settled, accept, escalate, signal, theme]
+            return (event.then(runs.settle, [traces], [settled], **light)
+                    .success(costs.panel_after_run, [settled, theme], [cost_panel, cost_plot], **light)
+                    .then(costs.profile_controls, [settled, profile], [flatness, drafter_cost, slim_cost], **light)
+                    .then(costs.projection, [settled, *projection_inputs[1:]], [projection], **light)
+                    .then(views.views, [settled, theme], view_outputs, **light)
+                    .then(views.trace_table_after_run, [settled, trace_method],
+                          [table, json_download, csv_download], **light)
+                    .then(lab.what_if_view, followup_inputs, [whatif, whatif_plot], **light)
+                    .then(lab.what_if_presets, followup_inputs, [presets_plot], **light)
+                    .then(views.race_ready, [settled, race_view], [race_view], **light)
+                    .then(runs.fidelity_after_run, [settled], [metrics, traces], api_name=False,
+                          show_progress="hidden", **on_model))
 
         demo.load(None, None, theme, js=THEME_JS)
         demo.unload(forget_session)

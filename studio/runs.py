@@ -167,14 +167,22 @@ def is_current(traces: dict, request=None) -> bool:
 SETTLE_S = 2.0  # what follows a run waits this long after Done: a Run pressed meanwhile goes first, the rest is skipped
 
 
-def settle(traces: dict, request: gr.Request = None) -> None:
+def settle(traces: dict, request: gr.Request = None) -> dict:
     """A pause after Done before the figures (seconds of CPU on 2 cores) and fidelity (a model pass or two):
     a Run pressed right after Done never shares the machine with them (measured: 2.1-2.7 s to the first
-    pending draft of that Run when they went first, 0.4-0.7 s otherwise). An upload (no request) waits not."""
+    pending draft of that Run when they went first, 0.4-0.7 s otherwise). An upload (no request) waits not.
+
+    Returns the run record the follow-up steps draw (they read it, not the session's `traces`, which a newer
+    run overwrites while they are queued). Once a newer run was asked for, it ends the chain instead: a
+    silent error, and the steps follow with `.success`, so none of them is even sent (each skipped step was a
+    round trip and a re-render while the new run read its prompt)."""
     waited = 0.0
     while request is not None and waited < SETTLE_S and is_current(traces, request):
         time.sleep(0.1)
         waited += 0.1
+    if not is_current(traces, request):
+        raise gr.Error("superseded by a newer run", visible=False, print_exception=False)
+    return traces
 
 
 @gpu(duration=60)
