@@ -182,6 +182,9 @@ class Models:
                 with self._lock:
                     self._routes[preset] = pair.route
                     self._pairs[preset] = pair
+                # what is alive now lives as long as the pair: out of the collector's sight, so a full
+                # collection no longer walks it (460k objects: a 0.26-0.35 s pause inside a run, measured)
+                gc.freeze()
             except (ModelLoadError, ValueError, OSError) as err:
                 self._report(error=f"could not load preset {preset!r}: {err}")
                 raise UserError(self._state["error"]) from err
@@ -226,6 +229,7 @@ class Models:
             self._pairs.clear()
             self._slims.clear()
             self._warm.clear()
+        gc.unfreeze()  # the dropped pair's objects are the collector's again
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
