@@ -195,7 +195,8 @@ def projection(traces: dict, name: str = MEASURED, flatness=0.0, c=None, s=None)
     predicted = model.predict(profile, runs)
     g = round_gamma(runs.get("sd") or runs.get("via")) or 1
     sp = predicted["speedup"]
-    sentence = (f"On {label}, checking {plural(g, 'draft')} would cost {profile.V(g + 1):.2f} one-token passes (projection)"
+    sentence = (f"On {label}, checking {plural(g, 'draft')} would cost {profile.V(g + 1):.2f} one-token passes "
+                "(projection)"
                 + (f", and this run's rounds would make VIA-SD {sp['via_vs_ar']:.2f}× as fast as AR (projection)."
                    if sp.get("via_vs_ar") else "."))
     return draw.projection_html({"label": label, "tokens_per_s": {m: v for m, v in predicted["tokens_per_s"].items()
