@@ -37,9 +37,8 @@ DEFAULTS = {"gamma": 0, "accept": _PAPER.accept, "escalate": _PAPER.escalate, "s
 THEME_JS = "() => document.body.classList.contains('dark') ? 'dark' : 'light'"
 PRESENTATION_JS = "(on) => { document.body.classList.toggle('presentation', !!on); return []; }"
 INTRO = """# VIA-SD Studio
-A small **drafter** proposes tokens; a **slim verifier** (the big model with some sub-layers skipped)
-handles the medium-confidence ones; only uncertain tokens go to the **full model**.
-Tokens are colored by who decided them — hover one for its numbers."""
+A small **drafter** proposes tokens, a **slim verifier** (the big model with some sub-layers skipped) settles the
+medium-confidence ones, and only uncertain tokens go to the **full model**. Hover a token for its numbers."""
 
 
 def example_prompts() -> tuple[list[list[str]], list[str]]:
@@ -68,6 +67,9 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
 
         with gr.Sidebar(label="Settings", width=340, elem_id="settings"):
             gr.Markdown("### Settings")
+            locked = preset_locked()
+            model = gr.Dropdown(preset_choices(), value=preset, label="Model preset", elem_id="preset",
+                                interactive=not locked, info=LOCK_REASON.capitalize() if locked else None)
             threshold_preset = gr.Radio(lab.threshold_preset_choices(), value=DEFAULT_THRESHOLD_PRESET,
                                         label="threshold preset", info=lab.threshold_preset_info(),
                                         elem_id="threshold-preset")
@@ -91,22 +93,20 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
             pace = gr.Slider(0, 1000, value=0, step=50, label="slow motion (ms each step stays on screen)",
                              info="0 = live speed; timings exclude the pauses", elem_id="pace")
 
+        # At 1280x800 the three panes are on screen after a run: the examples and the model picker fold away.
         gr.Markdown(INTRO, elem_id="intro")
+        device = gr.Markdown(MODELS.status(preset), elem_id="device")
+        with gr.Row(visible=False, elem_id="route-search-row") as route_row:
+            route_search = gr.Button("Search a better route", elem_id="route-search", size="sm")
+            route_search_stop = gr.Button("Stop search", elem_id="route-search-stop", size="sm", variant="stop")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3):
                 prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
-                                    placeholder="Ask something, or pick an example below")
-                gr.Examples(examples, inputs=[prompt], example_labels=labels, label="Examples by task",
-                            cache_examples=False, examples_per_page=10, elem_id="examples")
+                                    placeholder="Ask something, or open the examples below")
+                with gr.Accordion("Examples by task", open=False, elem_id="examples-fold"):
+                    gr.Examples(examples, inputs=[prompt], example_labels=labels, label="Examples by task",
+                                cache_examples=False, examples_per_page=10, elem_id="examples")
             with gr.Column(scale=2, min_width=300):
-                locked = preset_locked()
-                model = gr.Dropdown(preset_choices(), value=preset, label="Model preset", elem_id="preset",
-                                    interactive=not locked, info=LOCK_REASON.capitalize() if locked else None)
-                device = gr.Markdown(MODELS.status(preset), elem_id="device")
-                with gr.Row(visible=False, elem_id="route-search-row") as route_row:
-                    route_search = gr.Button("Search a better route", elem_id="route-search", size="sm")
-                    route_search_stop = gr.Button("Stop search", elem_id="route-search-stop", size="sm",
-                                                  variant="stop")
                 with gr.Row():
                     run = gr.Button("Run", variant="primary", elem_id="run")
                     stop = gr.Button("Stop", variant="stop", elem_id="stop")

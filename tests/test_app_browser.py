@@ -105,6 +105,7 @@ def test_run_an_example_tune_thresholds_download_and_replay(browser, app_url, tm
 
     from playwright.sync_api import expect
 
+    page.locator("#examples-fold").get_by_text("Examples by task").first.click()  # folded: the panes fit 1280x800
     page.get_by_text("code: Write a Python function").first.click()
     expect(page.locator("#prompt textarea")).to_have_value(re.compile("is_palindrome"))
     run_and_wait(page)
@@ -193,6 +194,25 @@ def test_run_an_example_tune_thresholds_download_and_replay(browser, app_url, tm
     assert "round 2 of" in page.locator("#learn-view").inner_text()
     page.locator("#learn-view").screenshot(path=str(SHOTS / "08-learn.png"))
     assert "Traceback" not in page.content()
+    page.close()
+
+
+def test_the_three_panes_are_on_screen_after_a_run_at_1280x800(browser, app_url):
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(app_url, wait_until="domcontentloaded")
+    page.wait_for_selector("#run")
+    page.locator("#prompt textarea").fill("Explain speculative decoding in one sentence.")
+    page.locator("#run").click()
+    page.wait_for_selector("#ar-tokens .via-tok")
+    page.wait_for_selector('#status [data-kind="ok"]')
+    page.evaluate("window.scrollTo(0, 0)")  # as a visitor sees it (Playwright may scroll to reach an element)
+    for pane in ("via-tokens", "sd-tokens", "ar-tokens"):
+        box = page.locator(f"#{pane}").bounding_box()
+        assert box["y"] + 200 <= 800, f"#{pane} starts at {box['y']:.0f} px: below the fold of a 1280x800 screen"
+        first = page.locator(f"#{pane} .via-tok").first.bounding_box()
+        assert first["y"] + first["height"] <= 800, f"#{pane}'s first token is below the fold"
+    page.screenshot(path=str(SHOTS / "14-1280x800.png"))
     page.close()
 
 
