@@ -361,6 +361,21 @@ def test_a_newer_run_of_the_session_supersedes_the_running_one():
     assert 'data-kind="ok"' in fresh[-1][4] and runs.is_current(fresh[-1][5], a)
 
 
+def test_a_run_pressed_after_done_ends_the_last_runs_follow_up_chain_at_settle():
+    a = session("settle-a")
+    done = list(runs.run_compare(*RUN_ARGS, request=a))[-1][5]
+    assert runs.settle(done, None) is done, "an upload or a script: handed on at once"
+    runs.take_run_ticket("light", a)  # Run pressed again within the pause
+    started = time.perf_counter()
+    with pytest.raises(app.gr.Error) as superseded:
+        runs.settle(done, a)
+    assert time.perf_counter() - started < 0.5, "the pause ends as soon as the newer run is asked for"
+    assert not superseded.value.visible, "silent: it only stops the steps that follow (.success)"
+    b = session("settle-b")
+    latest = list(runs.run_compare(*RUN_ARGS, request=b))[-1][5]
+    assert runs.settle(latest, b) is latest, "the session's latest run: its record goes on to the steps"
+
+
 def test_stop_ends_a_sweep_and_a_route_search_of_that_session_only(monkeypatch):
     a, b = session("sweep-a"), session("sweep-b")
     ticket, _ = lab.take_sweep_ticket("light", a)
