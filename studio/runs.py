@@ -17,7 +17,7 @@ import gradio as gr
 
 import viz.page as page
 from via_sd.decoding import stream_events
-from via_sd.fidelity import measure_fidelity
+from via_sd.fidelity import measure_fidelities
 
 from .gpu import run_seconds, gpu
 from .inputs import check_prompt, make_config
@@ -193,12 +193,12 @@ def fidelity_after_run(traces: dict, request: gr.Request = None):
     pair = MODELS.loaded((traces or {}).get("preset"))
     if not runs or pair is None or "fidelity" in traces or not is_current(traces, request):
         return gr.skip(), gr.skip()
-    fidelity = {}
-    for m in ("via", "sd"):
-        if not is_current(traces, request):
-            return gr.skip(), gr.skip()
-        if runs.get(m) is not None and runs[m].tokens and not (runs[m].summary or {}).get("stopped"):
-            fidelity[m] = measure_fidelity(pair, runs[m], reference=runs.get("ar"))
+    scored = {m: runs[m] for m in ("via", "sd")
+              if runs.get(m) is not None and runs[m].tokens and not (runs[m].summary or {}).get("stopped")}
+    if not scored:
+        return gr.skip(), gr.skip()
+    # the prompt read once, the reference scored once; a newer run of this session ends it between passes
+    fidelity = measure_fidelities(pair, scored, reference=runs.get("ar"), stop=lambda: not is_current(traces, request))
     if not fidelity or not is_current(traces, request):
         return gr.skip(), gr.skip()
     record = {**traces, "fidelity": fidelity}

@@ -146,6 +146,35 @@ def test_fidelity_of_ar_against_itself_is_perfect_and_via_matches_a_token_by_tok
     assert f["logprob_delta"] < 0 and not f["identical"]
 
 
+def test_fidelity_of_several_runs_reads_the_prompt_once_and_a_stop_ends_it_between_passes(pair, monkeypatch):
+    import via_sd.fidelity as fidelity
+
+    config = DecodeConfig(gamma=4, max_new_tokens=40, chat=False,
+                          thresholds=Thresholds(accept=0.3, escalate=0.0, signal="draft"))
+    ar = generate(pair, "hello world", "ar", config)
+    runs = {"via": generate(pair, "hello world", "via", config), "sd": generate(pair, "hello world", "sd", config)}
+    alone = {m: measure_fidelity(pair, t, reference=ar) for m, t in runs.items()}
+    fed = []
+    hook = pair.verifier.register_forward_pre_hook(lambda m, a, kw: fed.append(kw["input_ids"].shape[1]),
+                                                   with_kwargs=True)
+    try:
+        monkeypatch.setattr(fidelity, "CHUNK", 7)  # output passes of 7 rows: the same scores as one pass
+        together = fidelity.measure_fidelities(pair, runs, reference=ar)
+        prompt = len(pair.encode("hello world", chat=False))
+        assert fed.count(prompt) == 1 and sum(fed) == prompt + 3 * 39  # the prompt once; three outputs less one row
+        for m in runs:  # fp32 tiny models batch attention: float sums may round differently, nothing else
+            assert together[m].keys() == alone[m].keys()
+            for key, value in alone[m].items():
+                assert together[m][key] == (pytest.approx(value, abs=1e-5) if isinstance(value, float) else value)
+        asked = []
+        stopped = fidelity.measure_fidelities(pair, runs, reference=ar, stop=lambda: asked.append(1) or len(asked) > 2)
+        assert stopped is None and len(asked) == 3  # asked before every pass, ended at the third
+    finally:
+        hook.remove()
+    with pytest.raises(ValueError, match="different prompt"):
+        fidelity.measure_fidelities(pair, runs, reference=generate(pair, "another", "ar", config))
+
+
 class _Recording:
     """The slim verifier, noting how many tokens each call feeds."""
 

@@ -1,7 +1,7 @@
 """Fidelity: how closely an output follows the full verifier (VIA-SD is lossy, plain SD is not).
 
-The full verifier reads the prompt, then the output teacher-forced in one pass over that cache, and
-scores every emitted token at once:
+The full verifier reads the prompt once, then each output teacher-forced in passes of CHUNK rows over that
+cache (a stop asked for between passes ends it), and scores every emitted token:
     agreement     share of emitted tokens equal to the full model's argmax at that position
     mean_logprob  mean log q(token) of the emitted tokens under the full model
 Against an autoregressive reference, `logprob_delta` = mean_logprob - the reference's (0 or
@@ -13,24 +13,48 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from .routing import crop_cache
+
+
+CHUNK = 16  # output rows per pass: a stop asked for between two passes is seen within ~0.3-1 s on a 2-core CPU
+
 
 @torch.inference_mode()
+def score_outputs(pair, prompt_ids: list[int], outputs: list[list[int]], stop=None) -> list[dict] | None:
+    """Full-verifier agreement and mean log-probability of each output continuing `prompt_ids`, the prompt read
+    once for all of them. Returns None when `stop()` turned true between two passes (nothing half-scored)."""
+    # read as decoding reads it: the prompt alone (as AR's first call), then each output over that cache in passes
+    # that extend it (with row attention bit for bit AR's one-token steps, so greedy AR and SD output agree exactly,
+    # however the output is split into passes)
+    if not any(outputs):
+        return [_score([], None) for _ in outputs]
+    device, cache = pair.slim.device, DynamicCache()
+    prompt = len(prompt_ids)
+    first = pair.verifier(input_ids=torch.tensor([list(prompt_ids)], device=device), past_key_values=cache,
+                          use_cache=True, logits_to_keep=1).logits[0, -1:]
+    scored = []
+    for token_ids in outputs:
+        crop_cache(cache, prompt)  # back to the prompt alone
+        parts, fed = [first], list(token_ids[:-1])
+        for at in range(0, len(fed), CHUNK):
+            if stop is not None and stop():
+                return None
+            rows = fed[at:at + CHUNK]
+            parts.append(pair.verifier(input_ids=torch.tensor([rows], device=device), past_key_values=cache,
+                                       use_cache=True, logits_to_keep=len(rows)).logits[0].to(first.device))
+        scored.append(_score(token_ids, torch.cat(parts)[: len(token_ids), : pair.vocab_size]))
+    return scored
+
+
 def score_output(pair, prompt_ids: list[int], token_ids: list[int]) -> dict:
     """Full-verifier agreement and mean log-probability of `token_ids` continuing `prompt_ids`."""
+    return score_outputs(pair, prompt_ids, [token_ids])[0]
+
+
+def _score(token_ids: list[int], logits) -> dict:
     n = len(token_ids)
     if n == 0:
         return {"tokens": 0, "agreeing": 0, "agreement": None, "mean_logprob": None, "first_disagreement": None}
-    # read as decoding reads it: the prompt alone (as AR's first call), then the output as one pass extending that
-    # cache (with row attention bit for bit AR's one-token steps, so greedy AR and SD output agree exactly)
-    device, cache = pair.slim.device, DynamicCache()
-    first = pair.verifier(input_ids=torch.tensor([list(prompt_ids)], device=device), past_key_values=cache,
-                          use_cache=True, logits_to_keep=1).logits[0, -1:]
-    parts = [first]
-    if n > 1:
-        rest = torch.tensor([list(token_ids[:-1])], device=device)
-        parts.append(pair.verifier(input_ids=rest, past_key_values=cache, use_cache=True,
-                                   logits_to_keep=n - 1).logits[0, -(n - 1):].to(first.device))
-    logits = torch.cat(parts)[:, : pair.vocab_size]
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     target = torch.tensor(token_ids, device=logprobs.device)
     agree = logprobs.argmax(-1) == target
@@ -57,25 +81,42 @@ def measure_fidelity(pair, trace, reference=None) -> dict:
     autoregressive `reference` trace of the same prompt also "reference_mean_logprob",
     "logprob_delta", "identical" (same tokens) and "common_prefix" (leading tokens in common).
     """
-    prompt, config, token_ids, models = _fields(trace)
-    if models.get("verifier") and models["verifier"] != pair.verifier_name:
-        raise ValueError(f"the trace was decoded with verifier {models['verifier']!r}, not {pair.verifier_name!r}: "
-                         "fidelity is only meaningful against the verifier that decoded it")
-    prompt_ids = pair.encode(prompt, chat=config.get("chat", True))
-    out = score_output(pair, prompt_ids, token_ids)
+    return measure_fidelities(pair, {"trace": trace}, reference)["trace"]
+
+
+def measure_fidelities(pair, traces: dict, reference=None, stop=None) -> dict | None:
+    """measure_fidelity of each of `traces` ({name: trace}, one prompt), the prompt read once and the
+    reference scored once. Returns {name: fidelity}, or None when `stop()` turned true midway."""
+    fields = {name: _fields(t) for name, t in traces.items()}
+    prompt, config, _, _ = next(iter(fields.values()))
+    for p, c, _, models in fields.values():
+        if models.get("verifier") and models["verifier"] != pair.verifier_name:
+            raise ValueError(f"the trace was decoded with verifier {models['verifier']!r}, not {pair.verifier_name!r}: "
+                             "fidelity is only meaningful against the verifier that decoded it")
+        if (p, c.get("chat", True)) != (prompt, config.get("chat", True)):
+            raise ValueError("the traces decoded different prompts")
+    outputs = [list(f[2]) for f in fields.values()]
     if reference is not None:
         ref_prompt, ref_config, ref_ids, _ = _fields(reference)
-        if ref_prompt != prompt:
+        if ref_prompt != prompt or ref_config.get("chat", True) != config.get("chat", True):
             raise ValueError("the reference trace decoded a different prompt")
-        ref = score_output(pair, pair.encode(ref_prompt, chat=ref_config.get("chat", True)), ref_ids)
-        common = 0
-        for a, b in zip(token_ids, ref_ids):
-            if a != b:
-                break
-            common += 1
-        out["reference_mean_logprob"] = ref["mean_logprob"]
-        out["logprob_delta"] = (None if out["mean_logprob"] is None or ref["mean_logprob"] is None
-                                else out["mean_logprob"] - ref["mean_logprob"])
-        out["identical"] = list(token_ids) == list(ref_ids)
-        out["common_prefix"] = common
-    return out
+        outputs.append(list(ref_ids))
+    scores = score_outputs(pair, pair.encode(prompt, chat=config.get("chat", True)), outputs, stop)
+    if scores is None:
+        return None
+    result = dict(zip(fields, scores))
+    if reference is not None:
+        ref = scores[-1]
+        for name, out in result.items():
+            token_ids = fields[name][2]
+            common = 0
+            for a, b in zip(token_ids, ref_ids):
+                if a != b:
+                    break
+                common += 1
+            out["reference_mean_logprob"] = ref["mean_logprob"]
+            out["logprob_delta"] = (None if out["mean_logprob"] is None or ref["mean_logprob"] is None
+                                    else out["mean_logprob"] - ref["mean_logprob"])
+            out["identical"] = list(token_ids) == list(ref_ids)
+            out["common_prefix"] = common
+    return result
