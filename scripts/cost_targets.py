@@ -7,7 +7,7 @@ models in SD and VIA-SD), agreement, tier shares, SD == AR, the cost model's
 predicted tokens/s next to the measured ones (median error per method), and for `paper` the slim cost
 at which it would match plain SD (the recorded runs re-priced with a cheaper slim pass, via_sd.costs).
 
-Run:  HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python scripts/cost_targets.py [--tokens 64] [--json out.json]
+Run:  HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python scripts/cost_targets.py [--tokens 64] [--repeats 3] [--json out.json]
 """
 import argparse
 import json
@@ -22,11 +22,13 @@ parser.add_argument("--tokens", type=int, default=64)
 parser.add_argument("--prompts", default="assets/prompts/held_out.jsonl")
 parser.add_argument("--json")
 parser.add_argument("--preset", default="embedded")
+parser.add_argument("--repeats", type=int, default=1,
+                    help="passes over the prompts (the order rotating on): on a VM whose speed drifts, more pairs")
 args = parser.parse_args()
 
 pair = load_pair(args.preset)
 profile = pair.costs
-prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()]
+prompts = [json.loads(line)["prompt"] for line in open(args.prompts) if line.strip()] * args.repeats
 SETTINGS = {"ar": ("ar", Thresholds()), "sd": ("sd", Thresholds()),
             "paper": ("via", Thresholds.preset("paper")), "fastest": ("via", Thresholds.preset("fastest"))}
 generate(pair, "Warm up.", "sd", DecodeConfig(max_new_tokens=4))
