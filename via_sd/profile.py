@@ -7,7 +7,8 @@ Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVe
 and kernels), after a 200-token context, at 12 row counts (the others interpolated): the median of
 five sweeps over every probe, the typical cost a run pays (a burst of other work on a shared machine hits
 one sweep; the fastest of them was ~20% below what runs paid), and a curve over rows is made
-non-decreasing. A profile is keyed by what changes it: the two models and what they are built of,
+non-decreasing. The drafter's steps are timed as ratios to a verifier step run just before each (c is
+what steers gamma="auto", and a VM's speed drifts between probes timed apart). A profile is keyed by what changes it: the two models and what they are built of,
 the weights setting, the route, the device (CPU model or GPU name), the thread count and the torch
 version; a cached file whose key differs, or that does not parse, is measured again with a one-line
 warning, never trusted.
@@ -31,10 +32,13 @@ from .paths import cache_root
 from .routing import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.profile")
-VERSION = 4  # 4: the drafter runs its lean forward (lean.py)
+VERSION = 5  # 4: the drafter runs its lean forward (lean.py); 5: its steps timed paired with a verifier step
 CONTEXT = 200
 REPEATS = 5
-ANCHOR_REPEATS = 3  # the one-token passes that c rests on run 3 times a sweep (cheap; c is the noisiest number)
+# c = draft(1) / verify(1) steers gamma="auto": each sweep times verify(1) three times, and three times each
+# drafter step right after a verifier step (their ratio: on a VM whose speed drifts within minutes, separately
+# timed medians read c 0.33-0.37 where paired steps read 0.29-0.305)
+ANCHOR_REPEATS = 3
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
@@ -174,17 +178,20 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         probes[("verify", k)] = rows_probe(full, k)
         probes[("slim", k)] = rows_probe(slim, k)
         probes[("resume", k)] = (lambda k=k: after_slim(k)), (lambda k=k: full_view.logits(seq, CONTEXT + k, k))
-    for k in range(1, 4):
-        probes[("draft", k)] = rows_probe(drafter, k)
+    drafts = {k: rows_probe(drafter, k) for k in range(1, 4)}
     for name, module in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
         for n in PROMPT_LENGTHS:
             probes[(name, n)] = prompt_probe(module, n, drafter_cache if name == "drafter" else CachedModel)
-    anchors = {("verify", 1), *((kind, k) for kind, k in probes if kind == "draft")}  # c = draft(1) / verify(1)
     times = {p: [] for p in probes}
+    ratios = {k: [] for k in drafts}  # a drafter step over the verifier step just before it: c is paired
     for sweep in range(REPEATS):
         for p, (prepare, run) in probes.items():
-            for _ in range(ANCHOR_REPEATS if p in anchors else 1):
+            for _ in range(ANCHOR_REPEATS if p == ("verify", 1) else 1):
                 times[p].append(_time_ms(clock, run, prepare))
+        for _ in range(ANCHOR_REPEATS):
+            for k, (prepare, run) in drafts.items():
+                one = _time_ms(clock, probes[("verify", 1)][1], probes[("verify", 1)][0])
+                ratios[k].append(_time_ms(clock, run, prepare) / one)
         if progress is not None:
             progress(f"measuring the cost profile: sweep {sweep + 1} of {REPEATS}", (sweep + 1) / REPEATS)
     ms = {p: statistics.median(t) for p, t in times.items()}
@@ -194,5 +201,6 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
 
     prompt_ms = {name: dict(zip(PROMPT_LENGTHS, _non_decreasing(ms[(name, n)] for n in PROMPT_LENGTHS)))
                  for name in ("drafter", "slim", "full")}
-    return CostProfile(curve("verify", ROWS), curve("slim", ROWS), curve("resume", ROWS), curve("draft", range(1, 4)),
+    draft_ms = _non_decreasing(statistics.median(ratios[k]) * ms[("verify", 1)] for k in drafts)
+    return CostProfile(curve("verify", ROWS), curve("slim", ROWS), curve("resume", ROWS), draft_ms,
                        prompt_ms, key or profile_key(pair))
