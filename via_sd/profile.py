@@ -8,10 +8,10 @@ and kernels), after a 200-token context, at 12 row counts (the others interpolat
 five sweeps over every probe, the typical cost a run pays (a burst of other work on a shared machine hits
 one sweep; the fastest of them was ~20% below what runs paid), and a curve over rows is made
 non-decreasing. The drafter's steps are timed as ratios to a verifier step run just before each (c is
-what steers gamma="auto", and a VM's speed drifts between probes timed apart). A profile is keyed by what changes it: the two models and what they are built of,
-the weights setting, the route, the device (CPU model or GPU name), the thread count and the torch
-version; a cached file whose key differs, or that does not parse, is measured again with a one-line
-warning, never trusted.
+what steers gamma="auto", and a VM's speed drifts between probes timed apart). A profile is keyed by
+what changes it: the two models and what they are built of, the weights setting, the route, the device
+(CPU model or GPU name), the thread count and the torch version; a cached file whose key differs, or
+that does not parse, is measured again with a one-line warning, never trusted.
 """
 
 from __future__ import annotations
@@ -35,9 +35,9 @@ log = logging.getLogger("via_sd.profile")
 VERSION = 5  # 4: the drafter runs its lean forward (lean.py); 5: its steps timed paired with a verifier step
 CONTEXT = 200
 REPEATS = 5
-# c = draft(1) / verify(1) steers gamma="auto": each sweep times verify(1) three times, and three times each
-# drafter step right after a verifier step (their ratio: on a VM whose speed drifts within minutes, separately
-# timed medians read c 0.33-0.37 where paired steps read 0.29-0.305)
+# c = draft(1) / verify(1) steers gamma="auto": each sweep times each drafter step three times, every time right
+# after a verifier one-token step (their ratio: on a VM whose speed drifts within minutes, separately timed
+# medians read c 0.33-0.37 where paired steps read 0.29-0.305); those verifier steps are verify(1)'s samples
 ANCHOR_REPEATS = 3
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
@@ -173,24 +173,26 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         both.rollback(CONTEXT)
         slim_view.logits(seq, CONTEXT + k, k)
 
+    verify_one = rows_probe(full, 1)  # verify(1): timed in the drafter's pairs below
     probes = {}
     for k in ROWS:
-        probes[("verify", k)] = rows_probe(full, k)
+        if k > 1:
+            probes[("verify", k)] = rows_probe(full, k)
         probes[("slim", k)] = rows_probe(slim, k)
         probes[("resume", k)] = (lambda k=k: after_slim(k)), (lambda k=k: full_view.logits(seq, CONTEXT + k, k))
     drafts = {k: rows_probe(drafter, k) for k in range(1, 4)}
     for name, module in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
         for n in PROMPT_LENGTHS:
             probes[(name, n)] = prompt_probe(module, n, drafter_cache if name == "drafter" else CachedModel)
-    times = {p: [] for p in probes}
+    times = {p: [] for p in [("verify", 1), *probes]}
     ratios = {k: [] for k in drafts}  # a drafter step over the verifier step just before it: c is paired
     for sweep in range(REPEATS):
         for p, (prepare, run) in probes.items():
-            for _ in range(ANCHOR_REPEATS if p == ("verify", 1) else 1):
-                times[p].append(_time_ms(clock, run, prepare))
+            times[p].append(_time_ms(clock, run, prepare))
         for _ in range(ANCHOR_REPEATS):
             for k, (prepare, run) in drafts.items():
-                one = _time_ms(clock, probes[("verify", 1)][1], probes[("verify", 1)][0])
+                one = _time_ms(clock, verify_one[1], verify_one[0])
+                times[("verify", 1)].append(one)
                 ratios[k].append(_time_ms(clock, run, prepare) / one)
         if progress is not None:
             progress(f"measuring the cost profile: sweep {sweep + 1} of {REPEATS}", (sweep + 1) / REPEATS)
