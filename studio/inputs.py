@@ -50,8 +50,8 @@ def make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, se
     gamma, max_new_tokens = number("gamma", gamma, whole=True), number("max_new_tokens", max_new_tokens, whole=True)
     temperature, seed = number("temperature", temperature), number("seed", seed, whole=True, lo=0, hi=SEED_MAX)
     try:  # gamma 0 on the page: the engine picks each round's length from the cost profile (gamma="auto")
-        return DecodeConfig(gamma="auto" if gamma == 0 else gamma, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                            thresholds=thresholds)
+        return DecodeConfig(gamma="auto" if gamma == 0 else gamma, max_new_tokens=max_new_tokens,
+                            temperature=temperature, seed=seed, thresholds=thresholds)
     except (TypeError, ValueError) as err:
         raise UserError(f"Settings: {err}") from err
 

@@ -60,10 +60,10 @@ class _Layer:
 
 def _joint(*linears):
     """x -> the linears' outputs: one matmul when they are the parts of one fused layer (fused.py)."""
-    fused = {id(m.fused) for m in linears if isinstance(m, FusedPart)}
-    if len(fused) == 1 and all(isinstance(m, FusedPart) for m in linears) \
-            and [m.index for m in linears] == list(range(len(linears))) == list(range(len(linears[0].fused.bounds))):
-        layer, sizes = linears[0].fused.layer, [m.out_features for m in linears]
+    fused = getattr(linears[0], "fused", None)
+    if all(isinstance(m, FusedPart) and m.fused is fused for m in linears) \
+            and [m.index for m in linears] == list(range(len(fused.bounds))):  # every part, in order
+        layer, sizes = fused.layer, [m.out_features for m in linears]
         return lambda x: layer(x).split(sizes, -1)
     return lambda x: [m(x) for m in linears]
 

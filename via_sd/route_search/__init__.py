@@ -33,8 +33,9 @@ One greedy run passes through every smaller ratio, so a whole curve (`search_cur
 costs about one search to its largest ratio.
 
 Where things are: sublayers (names, ratios, weight shares), calibrate (texts), teacher (the
-teacher-forced pass: the slim verifier's own forward, routing.SlimVerifier.run), search, cost (timings, measured routes), cache (saved routes), resolve (a route
-for a pair loaded without one; `pick_route` never searches). The command line is via_sd/cli/route.py.
+teacher-forced pass: the slim verifier's own forward, routing.SlimVerifier.run), search, cost (timings,
+measured routes), cache (saved routes), resolve (a route for a pair loaded without one; `pick_route`
+never searches). The command line is via_sd/cli/route.py.
 
 The files this writes (assets/routes/NAME.json) carry the model, the skipped sub-layers, the
 calibration and held-out agreement and KL, the measured cost of a slim forward relative to a full
