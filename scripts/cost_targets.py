@@ -24,6 +24,8 @@ parser.add_argument("--json")
 parser.add_argument("--preset", default="embedded")
 parser.add_argument("--repeats", type=int, default=1,
                     help="passes over the prompts (the order rotating on): on a VM whose speed drifts, more pairs")
+parser.add_argument("--whole-prompts", action="store_true",
+                    help="every setting reads its prompt whole (DecodeConfig(reuse_opening=False)), for comparison")
 args = parser.parse_args()
 
 pair = load_pair(args.preset)
@@ -55,7 +57,8 @@ for i, prompt in enumerate(prompts):
     traces = {}
     for name in names:
         method, th = SETTINGS[name]
-        traces[name] = generate(pair, prompt, method, DecodeConfig(max_new_tokens=args.tokens, thresholds=th))
+        traces[name] = generate(pair, prompt, method, DecodeConfig(max_new_tokens=args.tokens, thresholds=th,
+                                                                   reuse_opening=not args.whole_prompts))
     for name, trace in traces.items():
         fid = measure_fidelity(pair, trace)
         s = trace.summary

@@ -83,8 +83,9 @@ def test_a_real_run_records_its_gamma_and_every_forward(tiny_pair, tmp_path, mon
 def test_ar_reads_the_prompt_once_then_one_row_a_token(tiny_pair):
     trace = generate(tiny_pair, "hello world", "ar", DecodeConfig(max_new_tokens=8, chat=False))
     calls = [c for r in trace.rounds for c in r["calls"]]
-    assert calls[0] == {"model": "full", "rows": trace.summary["prompt_tokens"], "past": 0, "resume": False}
-    assert [c["rows"] for c in calls[1:]] == [1] * 7
+    assert calls[0] == {"model": "full", "rows": trace.summary["prompt_tokens"], "past": 0, "resume": False,
+                        "prompt": True}
+    assert [c["rows"] for c in calls[1:]] == [1] * 7 and not any(c["prompt"] for c in calls[1:])
 
 
 def test_predicted_speed_prices_each_recorded_forward():
@@ -92,6 +93,8 @@ def test_predicted_speed_prices_each_recorded_forward():
     rounds = [{"calls": [{"model": "full", "rows": 3, "past": 10}, {"model": "drafter", "rows": 1, "past": 10}]}]
     assert price_calls(p, rounds) == pytest.approx(300 + 50)
     assert price_calls(p, [{"candidates": []}]) is None  # a trace from before calls were recorded
+    after_opening = [{"calls": [{"model": "full", "rows": 30, "past": 24, "prompt": True}]}]
+    assert price_calls(p, after_opening) == pytest.approx(p.prompt("full", 30))  # read as a prompt, not verify(30)
     ar = {"rounds": [{"calls": [{"model": "full", "rows": 1, "past": 5}]}] * 4, "summary": {"new_tokens": 4}}
     sd = {"rounds": [{"calls": [{"model": "drafter", "rows": 1, "past": 5}] * 3 +
                       [{"model": "full", "rows": 4, "past": 5}]}], "summary": {"new_tokens": 4}}

@@ -244,7 +244,8 @@ def test_the_summary_is_kept_per_round_not_recomputed_from_the_whole_trace(tiny_
 
     trace = generate(tiny_routed_pair, "hello", "via", config(thresholds=ALL_TIERS, max_new_tokens=48))
     again = summarize(trace.tokens, trace.rounds, trace.summary["prefill_ms"], trace.summary["wall_ms"])
-    counted = {k: v for k, v in trace.summary.items() if k not in ("prompt_tokens", "stopped", "predicted_tokens_per_s")}
+    counted = {k: v for k, v in trace.summary.items() if k not in ("prompt_tokens", "opening_tokens", "stopped",
+                                                          "predicted_tokens_per_s")}
     assert counted == again
 
 
@@ -393,8 +394,8 @@ def test_the_full_verifier_reads_the_prompt_alone_then_extends_its_cache_like_st
     vocab = pair.vocab_size
     batch = Reader(CachedModel(forward, vocab, "cpu", "cpu"), "full", prompt, calls).logits(seq, len(seq), 6)
     assert fed == [prompt, 5] and batch.shape == (6, vocab)
-    assert calls == [{"model": "full", "rows": prompt, "past": 0, "resume": False},
-                     {"model": "full", "rows": 5, "past": prompt, "resume": False}]
+    assert calls == [{"model": "full", "rows": prompt, "past": 0, "resume": False, "prompt": True},
+                     {"model": "full", "rows": 5, "past": prompt, "resume": False, "prompt": False}]
     steps_model = CachedModel(pair.verifier, vocab, "cpu", "cpu")
     steps = torch.cat([steps_model.logits(seq, n, 1) for n in range(prompt, len(seq) + 1)])
     # to fp32 rounding, not bit for bit: this tiny pair's 98-token head cannot be int4 (rows must be a multiple

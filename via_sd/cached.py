@@ -4,16 +4,21 @@
 of a ProgressiveVerifier (routing.py) and is what the decoders call: it reads the prompt in a call
 of its own before anything past it (as AR's first call does), so every later position is fed as a
 pass that extends a cache (with row attention, bit for bit what one-token steps compute: greedy SD
-== greedy AR), and it records every forward it makes (model, rows fed, rows already cached) so a
-run's cost can be priced call by call (via_sd.costs.price_calls).
+== greedy AR), and it records every forward it makes (model, rows fed, rows already cached, whether
+it read the prompt) so a run's cost can be priced call by call (via_sd.costs.price_calls). A model
+may start a run with the chat template's opening already read (opening.py): it reads the rest of
+the prompt as its own call, as every method does.
 """
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
 from transformers import DynamicCache
+
+from .row_attention import reading_prompt
 
 
 class Clock:
@@ -56,10 +61,17 @@ class CachedModel:
             self.cache.crop(length - self.seen)
             self.seen = length
 
+    @torch.inference_mode()
+    def fork(self) -> "CachedModel":
+        """A copy with a cache of its own (the same model): a run starts from a cached opening (opening.py)."""
+        twin = copy.copy(self)
+        twin.cache = copy.deepcopy(self.cache)
+        return twin
+
 
 class Reader:
     """What a decoder calls: `model` (a CachedModel or a VerifierView), the prompt read on its own, every
-    forward recorded in `calls` as {"model", "rows", "past", "resume"}."""
+    forward recorded in `calls` as {"model", "rows", "past", "resume", "prompt"}."""
 
     def __init__(self, model, name: str, prompt: int, calls: list):
         self.model, self.name, self.prompt, self.calls = model, name, prompt, calls
@@ -72,15 +84,18 @@ class Reader:
 
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] (after forgetting anything past upto - keep) and returns the logits of the last
-        `keep` positions, [keep, V]; a read from an empty cache past the prompt's end reads the prompt alone first."""
+        `keep` positions, [keep, V]; a read from a cache that lacks part of the prompt, past the prompt's end,
+        reads the rest of the prompt alone first."""
         if (self.name == "slim" and self.seen < self.prompt - 1 <= upto - keep
                 and getattr(self.trunk_owner, "slim_reads_full", False)):
             # the slim verifier reads the full one's cache: the full one reads the prompt (but its last token, whose
             # logits the slim one needs: its pass starts there), once for both
-            full = Reader(self.trunk_owner.view("full"), "full", 0, self.calls)
+            full = Reader(self.trunk_owner.view("full"), "full", self.prompt, self.calls)
             full.logits(seq, self.prompt - 1, 1)
         start = min(self.seen, upto - keep)
-        if start == 0 < self.prompt < upto:  # from an empty cache (past it, any pass extends a cache: no split)
+        # the slim view that reads the full one's cache lacks only the prompt's last token: its own pass starts there
+        lacks_prompt = start == 0 or start < self.prompt - 1
+        if lacks_prompt and self.prompt < upto:  # the rest of the prompt first (past it, a pass extends a cache)
             inside = max(0, self.prompt - (upto - keep))  # asked-for positions in the prompt
             first = self._read(seq, self.prompt, max(inside, 1), start)
             return torch.cat([first[first.shape[0] - inside:], self._read(seq, upto, keep - inside, self.prompt)])
@@ -88,7 +103,12 @@ class Reader:
 
     def _read(self, seq, upto: int, keep: int, start: int) -> torch.Tensor:
         resume = self.trunk is not None and self.trunk.seen >= upto  # the shared sub-layers ran already
-        self.calls.append({"model": self.name, "rows": upto - start, "past": start, "resume": resume})
+        prompt = upto <= self.prompt  # reading the prompt (after a cached opening too: opening.py)
+        self.calls.append({"model": self.name, "rows": upto - start, "past": start, "resume": resume,
+                           "prompt": prompt})
+        if prompt:
+            with reading_prompt():
+                return self.model.logits(seq, upto, keep)
         return self.model.logits(seq, upto, keep)
 
     def rollback(self, length: int) -> None:

@@ -36,6 +36,9 @@ class DecodeConfig:
     # the slim verifier's context too, as SWIFT / LayerSkip share the target's cache; on the embedded pair its
     # agreement with the full model rose, 0.868 -> 0.912 under `paper`, BENCHMARKS.md) or "own"
     slim_cache: str = "full"
+    # every cache starts from a copy of one that read the chat template's opening (system turn, start of the user
+    # turn) once per pair, and reads only the rest of the prompt (via_sd.opening); False reads every prompt whole
+    reuse_opening: bool = True
 
     def __post_init__(self):
         if self.gamma != AUTO and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
@@ -46,6 +49,9 @@ class DecodeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be a whole number (int), got {value!r}")
+        for name in ("chat", "progressive", "reuse_opening"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         for name in ("temperature", "top_p", "draft_stop"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:

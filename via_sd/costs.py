@@ -134,11 +134,12 @@ def _interpolate(curve: dict[int, float], n: int) -> float:
 
 def call_ms(profile: CostProfile, call: dict) -> float:
     """One recorded forward: {"model": drafter|slim|full, "rows": new tokens, "past": tokens already cached,
-    "resume": True for a full pass that resumed from the slim pass's shared sub-layers}."""
+    "resume": True for a full pass that resumed from the slim pass's shared sub-layers, "prompt": True for a
+    read of the prompt (after a cached chat opening too: via_sd.opening)}."""
     model, rows = call["model"], int(call["rows"])
     if rows <= 0:
         return 0.0
-    if not call.get("past"):
+    if not call.get("past") or call.get("prompt"):
         ms = profile.prompt(model, rows)
         return ms * profile.resume(1) / profile.verify(1) if call.get("resume") else ms
     if model == "drafter":

@@ -47,18 +47,26 @@ METHODS = ("ar", "sd", "via")
 class Decoder:
     """State shared by the three methods: the pair, caches, sampling, clock, and the round's size."""
 
-    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str, prompt: int = 0):
+    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str, prompt_ids: list[int]):
         self.pair, self.config, self.clock, self.method = pair, config, clock, method
         self.device = pair.drafter.device  # where probabilities are compared and sampled
         self.calls: list = []  # the current round's forwards (Reader appends; the loop hands them to the Round)
-        vocab = pair.vocab_size
-        drafter = drafter_cache(pair.drafter, vocab, pair.drafter.device, self.device)
+        vocab, route = pair.vocab_size, tuple(pair.route.skip)
+
+        def start(key, fresh, module=None):  # a fresh cache, or a copy of one that read the chat opening
+            return pair.openings.start(key, fresh, prompt_ids, module) if config.reuse_opening else fresh()
+
+        drafter = start("drafter", lambda: drafter_cache(pair.drafter, vocab, pair.drafter.device, self.device),
+                        pair.drafter)
         if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
-            verifiers = ProgressiveVerifier(pair.slim, vocab, self.device, slim_cache=config.slim_cache)
+            verifiers = start(("progressive", route, config.slim_cache), lambda: ProgressiveVerifier(
+                pair.slim, vocab, self.device, slim_cache=config.slim_cache))
             slim, full = verifiers.view("slim"), verifiers.view("full")
         else:
-            slim = CachedModel(pair.slim, vocab, pair.slim.device, self.device)
-            full = CachedModel(pair.verifier, vocab, pair.slim.device, self.device)
+            slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, self.device))
+            full = start("full", lambda: CachedModel(pair.verifier, vocab, pair.slim.device, self.device))
+        self.opening = min(m.seen for m in (drafter, slim, full))  # prompt tokens every cache started with
+        prompt = len(prompt_ids)
         self.drafter, self.slim, self.full = (Reader(m, name, prompt, self.calls) for m, name in
                                               ((drafter, "drafter"), (slim, "slim"), (full, "full")))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -263,7 +271,7 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
                          f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
 
     clock = Clock(pair.drafter.device)
-    dec = Decoder(pair, config, clock, method, prompt=len(prompt_ids))
+    dec = Decoder(pair, config, clock, method, prompt_ids)  # reads the chat opening once per pair (opening.py)
     verify = VERIFY[method]
     profile = pair.costs  # measured once per machine and pair (via_sd.profile), then read from the cache
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
@@ -279,10 +287,11 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         wall = clock.ms() - start - paused
         predicted = 1000.0 * len(trace.tokens) / priced_ms if priced_ms else 0.0
         return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids),
-                "predicted_tokens_per_s": predicted, **extra}
+                "opening_tokens": dec.opening, "predicted_tokens_per_s": predicted, **extra}
 
-    # No separate prefill: each model reads the prompt with its first call of the first round (the full
-    # verifier in a call of its own: CachedModel), so its time is part of round 0; prefill_ms stays 0.
+    # No separate prefill: each model reads the prompt (past the chat opening its cache may start with) with its
+    # first call of the first round (the full verifier in a call of its own: cached.Reader), so its time is part
+    # of round 0; prefill_ms stays 0.
     prefill_ms = 0.0
     stopped = False
     while True:

@@ -1,6 +1,7 @@
 """Fidelity: how closely an output follows the full verifier (VIA-SD is lossy, plain SD is not).
 
-The full verifier reads the prompt once, then each output teacher-forced in passes of CHUNK rows over that
+The full verifier reads the prompt once (past the pair's cached chat opening, as decoding does: opening.py),
+then each output teacher-forced in passes of CHUNK rows over that
 cache (a stop asked for between passes ends it), and scores every emitted token:
     agreement     share of emitted tokens equal to the full model's argmax at that position
     mean_logprob  mean log q(token) of the emitted tokens under the full model
@@ -11,38 +12,42 @@ below: greedy AR output is what the full model itself prefers token by token).
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
-from .routing import crop_cache
+from .cached import CachedModel
+from .row_attention import reading_prompt
 
 
 CHUNK = 16  # output rows per pass: a stop asked for between two passes is seen within ~0.3-1 s on a 2-core CPU
 
 
 @torch.inference_mode()
-def score_outputs(pair, prompt_ids: list[int], outputs: list[list[int]], stop=None) -> list[dict] | None:
+def score_outputs(pair, prompt_ids: list[int], outputs: list[list[int]], stop=None,
+                  reuse_opening: bool = True) -> list[dict] | None:
     """Full-verifier agreement and mean log-probability of each output continuing `prompt_ids`, the prompt read
-    once for all of them. Returns None when `stop()` turned true between two passes (nothing half-scored)."""
-    # read as decoding reads it: the prompt alone (as AR's first call), then each output over that cache in passes
-    # that extend it (with row attention bit for bit AR's one-token steps, so greedy AR and SD output agree exactly,
-    # however the output is split into passes)
+    once for all of them (past the cached chat opening unless `reuse_opening` is False, as the decode did).
+    Returns None when `stop()` turned true between two passes (nothing half-scored)."""
+    # read as decoding reads it: from the pair's cached chat opening, the rest of the prompt alone (as AR's first
+    # call), then each output over that cache in passes that extend it (with row attention bit for bit AR's
+    # one-token steps, so greedy AR and SD output agree exactly, however the output is split into passes)
     if not any(outputs):
         return [_score([], None) for _ in outputs]
-    device, cache = pair.slim.device, DynamicCache()
-    prompt = len(prompt_ids)
-    first = pair.verifier(input_ids=torch.tensor([list(prompt_ids)], device=device), past_key_values=cache,
-                          use_cache=True, logits_to_keep=1).logits[0, -1:]
+    def fresh():
+        return CachedModel(pair.verifier, pair.vocab_size, pair.slim.device, pair.drafter.device)
+
+    full = pair.openings.start("full", fresh, prompt_ids) if reuse_opening else fresh()
+    prompt, seq = len(prompt_ids), list(prompt_ids)
+    with reading_prompt():
+        first = full.logits(seq, prompt, 1)
     scored = []
     for token_ids in outputs:
-        crop_cache(cache, prompt)  # back to the prompt alone
-        parts, fed = [first], list(token_ids[:-1])
-        for at in range(0, len(fed), CHUNK):
+        full.rollback(prompt)  # back to the prompt alone
+        parts, fed = [first], seq + list(token_ids[:-1])
+        for at in range(prompt, len(fed), CHUNK):
             if stop is not None and stop():
                 return None
-            rows = fed[at:at + CHUNK]
-            parts.append(pair.verifier(input_ids=torch.tensor([rows], device=device), past_key_values=cache,
-                                       use_cache=True, logits_to_keep=len(rows)).logits[0].to(first.device))
-        scored.append(_score(token_ids, torch.cat(parts)[: len(token_ids), : pair.vocab_size]))
+            rows = min(CHUNK, len(fed) - at)
+            parts.append(full.logits(fed, at + rows, rows).to(first.device))
+        scored.append(_score(token_ids, torch.cat(parts)[: len(token_ids)]))
     return scored
 
 
@@ -95,13 +100,16 @@ def measure_fidelities(pair, traces: dict, reference=None, stop=None) -> dict | 
                              "fidelity is only meaningful against the verifier that decoded it")
         if (p, c.get("chat", True)) != (prompt, config.get("chat", True)):
             raise ValueError("the traces decoded different prompts")
+        if c.get("reuse_opening", True) != config.get("reuse_opening", True):
+            raise ValueError("the traces read their prompt differently (reuse_opening): score them apart")
     outputs = [list(f[2]) for f in fields.values()]
     if reference is not None:
         ref_prompt, ref_config, ref_ids, _ = _fields(reference)
         if ref_prompt != prompt or ref_config.get("chat", True) != config.get("chat", True):
             raise ValueError("the reference trace decoded a different prompt")
         outputs.append(list(ref_ids))
-    scores = score_outputs(pair, pair.encode(prompt, chat=config.get("chat", True)), outputs, stop)
+    scores = score_outputs(pair, pair.encode(prompt, chat=config.get("chat", True)), outputs, stop,
+                           reuse_opening=config.get("reuse_opening", True))
     if scores is None:
         return None
     result = dict(zip(fields, scores))

@@ -21,6 +21,8 @@ dispatched by accelerate hooks) and CachedModel for anything else.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 import torch.nn.functional as F
 
@@ -109,6 +111,13 @@ class LeanDecoder:
     def rollback(self, length: int) -> None:
         """Forgets every cached token past `length` (the buffers' rows past it are written over later)."""
         self.seen = min(self.seen, length)
+
+    @torch.inference_mode()
+    def fork(self) -> "LeanDecoder":
+        """A copy with cache buffers of its own (the same model): a run starts from a cached opening (opening.py)."""
+        twin = copy.copy(self)
+        twin.keys, twin.values = [t.clone() for t in self.keys], [t.clone() for t in self.values]
+        return twin
 
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
         n = ids.shape[1]

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from .opening import Openings
 from .provisional import provisional_route
 from .routing import Route, SlimVerifier, resolve_route
 
@@ -95,6 +96,13 @@ class ModelPair:
 
             self._costs = profile_for(self)
         return self._costs
+
+    @property
+    def openings(self) -> Openings:
+        """The chat template's opening, read once into each kind of cache a run starts from (via_sd.opening)."""
+        if getattr(self, "_openings", None) is None:
+            self._openings = Openings(self.tokenizer)
+        return self._openings
 
     def set_route(self, route) -> None:
         """Switch the slim verifier's route (weights stay shared)."""

@@ -8,6 +8,7 @@ verification (`ProgressiveVerifier`). The first and last layers are never skippe
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from dataclasses import dataclass, field
@@ -332,6 +333,21 @@ class ProgressiveVerifier:
 
     def view(self, name: str) -> "VerifierView":
         return self.views[name]
+
+    @torch.inference_mode()
+    def fork(self) -> "ProgressiveVerifier":
+        """A copy with caches of its own (the same network): a run starts from a cached opening (opening.py).
+        Kept hidden states are shared: nothing writes into them, later passes only add new ones."""
+        twin = copy.copy(self)
+        twin.cache, twin.hidden = copy.deepcopy(self.cache), list(self.hidden)
+        twin.views = {}
+        for name, view in self.views.items():
+            twin.views[name] = copy.copy(view)
+            twin.views[name].owner = twin
+            twin.views[name].cache = copy.deepcopy(view.cache)
+        if self.slim_reads_full:
+            twin.views["slim"].cache = twin.views["full"].cache
+        return twin
 
     def advance(self, seq: list[int], upto: int) -> None:
         """Runs the shared sub-layers over seq[seen:upto] and keeps their hidden states."""

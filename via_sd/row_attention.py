@@ -8,7 +8,8 @@ different token (it did on one of five held-out prompts). The int4 and int8 kern
 row on its own, so attention is the one place where the batch matters: this module runs every pass
 that extends a KV cache, of any length, one query row at a time, each through the same SDPA call, on
 the same keys, values and mask, that a one-token step at that position makes. Only the prompt read
-(nothing cached yet, nothing to match) takes the usual batched call.
+(nothing cached yet, or only the chat template's opening that every method starts from: nothing to
+match) takes the usual batched call.
 
 The mask comes from transformers' SDPA mask builder, registered under the same name (a name without
 a mask function gets no mask at all, which drops sliding windows and, for a batched call over a
@@ -31,16 +32,29 @@ NAME = "via_sd_rows"
 # linears read it: a kernel chosen by row count (lowbit's measured `dense_from`) would make a long pass differ
 # from its one-token steps, so a pass that extends a cache keeps the per-row kernel whatever its length.
 EXTENDING: ContextVar[bool] = ContextVar("via_sd_extending", default=False)
+# True while a prompt is read after a cached opening (opening.py): that pass extends a cache but matches no steps
+# (every method reads the same rest of the same prompt in a call of its own), so it reads as a prompt read does.
+READING_PROMPT: ContextVar[bool] = ContextVar("via_sd_reading_prompt", default=False)
 
 
 @contextmanager
 def extending(flag: bool = True):
-    """Marks the forward run inside as one that extends a cache (or not)."""
-    token = EXTENDING.set(flag)
+    """Marks the forward run inside as one that extends a cache (or not; never while reading a prompt)."""
+    token = EXTENDING.set(flag and not READING_PROMPT.get())
     try:
         yield
     finally:
         EXTENDING.reset(token)
+
+
+@contextmanager
+def reading_prompt():
+    """Marks the forwards run inside as reading a prompt: batched attention, the many-row kernel allowed."""
+    token = READING_PROMPT.set(True)
+    try:
+        yield
+    finally:
+        READING_PROMPT.reset(token)
 
 
 def _trivial(mask: torch.Tensor) -> bool:
@@ -60,7 +74,7 @@ def row_attention(module, query, key, value, attention_mask, **kwargs):
     """SDPA, one query row at a time when the pass extends a cache (see the module docstring)."""
     rows, keys = query.shape[2], key.shape[2]
     past = keys - rows
-    if past == 0:  # the prompt read
+    if past == 0 or not EXTENDING.get():  # the prompt read (from an empty cache, or after a cached opening)
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
     outputs = []
     for i in range(rows):
@@ -93,7 +107,8 @@ def _mark_extending_passes(model) -> None:
 
     def before(module, _args, kwargs):
         cache = kwargs.get("past_key_values")
-        module._via_sd_extending.append(EXTENDING.set(cache is not None and cache.get_seq_length() > 0))
+        extends = cache is not None and cache.get_seq_length() > 0 and not READING_PROMPT.get()
+        module._via_sd_extending.append(EXTENDING.set(extends))
 
     def after(module, _args, _kwargs, _output):
         EXTENDING.reset(module._via_sd_extending.pop())

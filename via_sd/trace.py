@@ -9,7 +9,8 @@ costs:       the pair's cost profile on the machine that ran it (via_sd.costs.Co
 rounds[k]:   round, gamma (drafts asked for), start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called,
              forced_by (None, or "max_unverified": tier A was closed this round because that many tokens in
              a row had been kept with no verifier), calls[] (every forward: model, rows fed, rows already
-             cached, resume: a full pass that resumed from the slim pass's shared sub-layers), candidates[]
+             cached, resume: a full pass that resumed from the slim pass's shared sub-layers, prompt: a read
+             of the prompt), candidates[]
 candidate:   pos, token, text, p_draft, q_slim, q_full, slim_top, full_top (the verifiers' top choices
              where they scored the position), confidence, tier,
              decision (accepted: tier A, no verifier | kept: a verifier agreed |
@@ -18,7 +19,8 @@ summary:     new_tokens, wall_ms, tokens_per_s, mean_accepted_length, rejection_
              drafts count as accepted), verified_rejection_rate (among drafts a verifier checked),
              unverified_share (tokens kept with no verifier), exact_share (tokens the full verifier decided:
              only these are exact; "draft" and "slim" tokens are not), drafted, full_calls, slim_calls,
-             tier_counts, predicted_tokens_per_s (the recorded forwards priced with `costs`), ...
+             tier_counts, predicted_tokens_per_s (the recorded forwards priced with `costs`), prompt_tokens,
+             opening_tokens (of those, the chat opening every cache started with: via_sd.opening), ...
 """
 
 from __future__ import annotations

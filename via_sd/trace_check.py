@@ -253,7 +253,7 @@ def _call(path, v):
     _object(path, v)
     _fields(path, v, {"model": lambda p, x: _choice(p, x, ("drafter", "slim", "full")),
                       "rows": lambda p, x: _count(p, x, MAX_ITEMS), "past": lambda p, x: _count(p, x, MAX_ITEMS),
-                      "resume": _flag}, 4, required=("model", "rows"))
+                      "resume": _flag, "prompt": _flag}, 4, required=("model", "rows"))
 
 
 def _config(path, v):
@@ -264,7 +264,8 @@ def _config(path, v):
                       "thresholds": _thresholds, "draft_stop": lambda p, x: _prob(p, x),
                       "chat": lambda p, x: _flag(p, x), "progressive": lambda p, x: _flag(p, x),
                       "max_unverified": lambda p, x: _count(p, x, MAX_ITEMS),
-                      "slim_cache": lambda p, x: _choice(p, x, ("own", "full"))}, 1)
+                      "slim_cache": lambda p, x: _choice(p, x, ("own", "full")),
+                      "reuse_opening": lambda p, x: _flag(p, x)}, 1)
 
 
 def _models(path, v):
@@ -310,7 +311,7 @@ def _round(path, v):
 def _summary(path, v):
     _object(path, v)
     known = {k: lambda p, x: _count(p, x) for k in ("new_tokens", "drafted", "full_calls", "slim_calls",
-                                                     "prompt_tokens")}
+                                                     "prompt_tokens", "opening_tokens")}
     known.update({k: _ms for k in ("prefill_ms", "wall_ms")})
     known.update({k: lambda p, x: _number(p, x, 0.0) for k in ("tokens_per_s", "mean_accepted_length",
                                                                "full_calls_per_token")})
