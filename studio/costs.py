@@ -97,8 +97,23 @@ def panel_info(traces: dict) -> dict | None:
         counts = (via.summary or {}).get("tier_counts") or {}
         info["tiers"] = {t: counts.get(t, 0) / n for t in ("draft", "slim", "full")}
         info["full_calls"], info["rounds"] = (via.summary or {}).get("full_calls", 0), len(via.rounds)
+    reader = sd or via or runs.get("ar")
+    if reader is not None:
+        info["prompt"] = prompt_read(reader, profile)
     info["sentences"] = sentences(info)
     return info
+
+
+def prompt_read(trace, profile) -> dict:
+    """The prompt's tokens, those the chat opening held (read once per pair: via_sd.opening), and the share of the
+    run's priced forwards that read the prompt."""
+    calls = [c for r in trace.rounds for c in r.get("calls", [])]
+    total = sum(model.call_ms(profile, c) for c in calls)
+    read = sum(model.call_ms(profile, c) for c in calls if c.get("prompt") or not c.get("past"))
+    summary = trace.summary or {}
+    return {"method": trace.method.upper() if trace.method != "via" else "VIA-SD",
+            "tokens": summary.get("prompt_tokens", 0), "opening": summary.get("opening_tokens", 0),
+            "share": read / total if total else None}
 
 
 def sentences(info: dict) -> list[str]:
@@ -111,6 +126,13 @@ def sentences(info: dict) -> list[str]:
         out.append(f"A drafter step costs {info['c']:.2f} of a verifier pass and a slim pass {info['s']:.2f} of a "
                    f"full one, so VIA-SD gains over SD only where it skips the full model: it called it in "
                    f"{info['full_calls']} of {plural(info['rounds'], 'round')}.")
+    read = info.get("prompt")
+    if read and read["share"] is not None and read["tokens"]:
+        held = (f"; the chat template's first {plural(read['opening'], 'token')} were read once for every run"
+                if read["opening"] else "")
+        out.append(f"Reading the prompt ({plural(read['tokens'] - read['opening'], 'token')}{held}) was "
+                   f"{read['share']:.0%} of this {read['method']} run's cost; the drafter reads it too, so a "
+                   f"short reply gains least from speculation.")
     return out
 
 

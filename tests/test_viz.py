@@ -508,3 +508,22 @@ def test_the_cost_panel_counts_in_words_one_draft_one_round_two_tokens():
     panel = cost_panel_html({**info, "gamma": 0, "sentences": []})
     assert "checking 1 token V(1)" in panel and "of 1 round<" in panel
     assert not re.search(r"\b1 (drafts|rounds|tokens)\b", panel)
+
+
+def test_the_cost_panel_says_what_reading_the_prompt_cost_and_what_the_opening_saved(tiny_pair):
+    from studio.costs import prompt_read, sentences
+    from via_sd import DecodeConfig, generate
+    from via_sd.costs import CostProfile, call_ms
+
+    trace = generate(tiny_pair, "hello world", "sd", DecodeConfig(gamma=2, max_new_tokens=8, chat=False))
+    profile = CostProfile.from_dict(trace.costs)
+    read = prompt_read(trace, profile)
+    calls = [c for r in trace.rounds for c in r["calls"]]
+    prompt_ms = sum(call_ms(profile, c) for c in calls if c["prompt"])
+    assert read["method"] == "SD" and read["tokens"] == trace.summary["prompt_tokens"] and read["opening"] == 0
+    assert read["share"] == pytest.approx(prompt_ms / sum(call_ms(profile, c) for c in calls)) and 0 < read["share"] < 1
+    info = {"device": "CPU", "gamma": 2, "alpha": 0.5, "c": 0.4, "s": 0.9, "V": 1.2,
+            "prompt": {"method": "SD", "tokens": 70, "opening": 24, "share": 0.31}}
+    said = " ".join(sentences(info))
+    assert "Reading the prompt (46 tokens; the chat template's first 24 tokens were read once for every run) " \
+           "was 31% of this SD run's cost" in said

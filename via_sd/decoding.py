@@ -270,10 +270,10 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
                          f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
 
+    profile = pair.costs  # measured once per machine and pair (via_sd.profile), then read from the cache
     clock = Clock(pair.drafter.device)
     dec = Decoder(pair, config, clock, method, prompt_ids)  # reads the chat opening once per pair (opening.py)
     verify = VERIFY[method]
-    profile = pair.costs  # measured once per machine and pair (via_sd.profile), then read from the cache
     trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
                   dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict(), costs=profile.to_dict())
     text, tally = TokenText(pair.tokenizer), Tally()

@@ -201,7 +201,8 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
     cfg = trace.config or {}
     max_unverified = cfg.get("max_unverified") or 0
     profile = trace_profile(trace)
-    priced = {"rec": Lanes(trace.summary.get("prompt_tokens", 0)), "est": Lanes(trace.summary.get("prompt_tokens", 0))}
+    prompt, opening = trace.summary.get("prompt_tokens", 0), trace.summary.get("opening_tokens", 0)
+    priced = {"rec": Lanes(prompt, opening), "est": Lanes(prompt, opening)}
     unverified = 0  # as the engine counts it: tier-A tokens since a verifier last checked one
     for rnd in trace.rounds:
         cands = rnd.get("candidates", [])

@@ -27,9 +27,10 @@ class Lanes:
     """Follows how far each model's cache has read, round by round, so each replayed pass is priced for the
     rows it really reads (a verifier that skipped rounds catches up on them)."""
 
-    def __init__(self, prompt: int):
+    def __init__(self, prompt: int, opening: int = 0):
+        """`opening`: prompt tokens every cache started with (the chat opening read once per pair: via_sd.opening)."""
         self.length, self.prompt = prompt, prompt
-        self.seen = {"drafter": 0, "slim": 0, "full": 0}
+        self.seen = dict.fromkeys(("drafter", "slim", "full"), opening)
 
     def round_ms(self, profile, cost, n: int, gamma, slim: bool, full: bool, passes, kept: int, emitted: int) -> float:
         """`passes`: {verifier: (start, stop)}, or a recorded round (its own `calls` are priced as they are)."""
@@ -62,7 +63,8 @@ class Lanes:
     def _read(self, profile, model: str, upto: int, resume: bool) -> float:
         seen, ms = self.seen[model], 0.0
         if seen < self.prompt < upto:  # the prompt is read in a call of its own (via_sd.cached.Reader)
-            ms += call_ms(profile, {"model": model, "rows": self.prompt - seen, "past": seen, "resume": resume})
+            ms += call_ms(profile, {"model": model, "rows": self.prompt - seen, "past": seen, "resume": resume,
+                                    "prompt": True})
             seen = self.prompt
         ms += call_ms(profile, {"model": model, "rows": upto - seen, "past": seen, "resume": resume})
         self.seen[model] = upto
