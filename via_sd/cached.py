@@ -1,7 +1,7 @@
 """A model with its own KV cache, fed lazily, and a clock that is true on a GPU.
 
 `CachedModel` wraps anything callable like a HF causal LM; `Reader` wraps a CachedModel or one view
-of a ProgressiveVerifier (routing.py) and is what the decoders call: it reads the prompt in a call
+of a ProgressiveVerifier (progressive.py) and is what the decoders call: it reads the prompt in a call
 of its own before anything past it (as AR's first call does), so every later position is fed as a
 pass that extends a cache (with row attention, bit for bit what one-token steps compute: greedy SD
 == greedy AR), and it records every forward it makes (model, rows fed, rows already cached, whether

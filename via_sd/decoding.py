@@ -11,7 +11,7 @@ recorded. What differs is who verifies:
 
 Each model keeps its own KV cache and catches up lazily on tokens it has not seen, so the full
 verifier runs only in rounds that escalate to it. In VIA-SD the slim and full verifier share the
-sub-layers before the route's first skip (progressive verification, routing.ProgressiveVerifier):
+sub-layers before the route's first skip (progressive verification, progressive.ProgressiveVerifier):
 one KV cache there, and a full pass resumes from the hidden states the slim pass left.
 How many drafts a round has: `DecodeConfig(gamma="auto")` (the default) asks the cost model
 (costs.best_gamma) each round, from the pair's measured cost profile (pair.costs) and the acceptance
@@ -34,7 +34,7 @@ from .config import DecodeConfig
 from .costs import Rates, best_gamma, call_ms
 from .models import ModelPair
 from .plan import force_verification, plan_round
-from .routing import ProgressiveVerifier
+from .progressive import ProgressiveVerifier
 from .text import TokenText
 from .plan import DRAFT, FULL, SLIM, tier_of
 from .tiers import logits_to_probs, pick, relative_confidence, verify_draft

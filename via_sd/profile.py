@@ -29,7 +29,7 @@ from .cached import CachedModel, Clock
 from .lean import drafter_cache
 from .costs import MAX_ROWS, PROMPT_LENGTHS, CostProfile
 from .paths import cache_root
-from .routing import ProgressiveVerifier
+from .progressive import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.profile")
 VERSION = 5  # 4: the drafter runs its lean forward (lean.py); 5: its steps timed paired with a verifier step
