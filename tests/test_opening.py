@@ -143,3 +143,15 @@ def test_the_drafters_frequency_head_starts_each_run_from_the_opening():
     this_run = set(pair.encode("abc")) | set(again.token_ids) | set(pair.openings.ids)
     stale = {i for i in pair.tokenizer(other, add_special_tokens=False).input_ids if i % 2} - this_run
     assert stale and not stale & set(narrow.context_ids.tolist())
+
+
+def test_copies_of_a_pair_share_its_kept_opening(chat_pair):
+    """The app runs each request on a shallow copy (dataclasses.replace, another route): the opening is read once."""
+    import dataclasses
+
+    generate(chat_pair, "warm", "sd", DecodeConfig(gamma=2, max_new_tokens=2))
+    copy = dataclasses.replace(chat_pair)
+    assert copy.openings is chat_pair.openings and "full" in copy.openings.read
+    kept = dict(copy.openings.read)
+    generate(copy, "The quick brown fox", "sd", DecodeConfig(gamma=2, max_new_tokens=4))
+    assert all(copy.openings.read[k] is m for k, m in kept.items())  # nothing read again

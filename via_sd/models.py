@@ -9,7 +9,7 @@ verifier (see routing.py), so a pair holds two sets of weights, not three.
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -55,6 +55,13 @@ class ModelPair:
     dtype: torch.dtype
     weights: str = "fp32"                # the resolved setting: fp32 | bf16 | int4 | int8-dyn
     weights_requested: str | None = None  # what the caller asked for ("auto" when chosen for them)
+    # the chat template's opening, read once into each kind of cache a run starts from (via_sd.opening); one
+    # object for the pair and its copies (dataclasses.replace: the app's per-run views with another route)
+    openings: Openings | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.openings is None:
+            self.openings = Openings(self.tokenizer)
 
     @property
     def route(self) -> Route:
@@ -96,13 +103,6 @@ class ModelPair:
 
             self._costs = profile_for(self)
         return self._costs
-
-    @property
-    def openings(self) -> Openings:
-        """The chat template's opening, read once into each kind of cache a run starts from (via_sd.opening)."""
-        if getattr(self, "_openings", None) is None:
-            self._openings = Openings(self.tokenizer)
-        return self._openings
 
     def set_route(self, route) -> None:
         """Switch the slim verifier's route (weights stay shared)."""

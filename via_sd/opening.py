@@ -51,8 +51,16 @@ class Openings:
     """A pair's chat opening, read once into each kind of cache a run starts from."""
 
     def __init__(self, tokenizer):
-        self.ids = opening_ids(tokenizer)
+        self.tokenizer = tokenizer
         self.read: dict = {}  # key -> a cache that has read the opening (forked, never fed itself)
+
+    @property
+    def ids(self) -> list[int]:
+        """The opening's token ids, from the tokenizer's chat template as it is now."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if getattr(self, "_template", False) != template:  # first use, or a template set since: read afresh
+            self._ids, self._template, self.read = opening_ids(self.tokenizer), template, {}
+        return self._ids
 
     def start(self, key, fresh, prompt_ids: list[int], module=None):
         """A cache for a run on `prompt_ids`: a fork of the one kept under `key` (made with `fresh()`, a new
