@@ -128,10 +128,10 @@ def sentences(info: dict) -> list[str]:
                    f"{info['full_calls']} of {plural(info['rounds'], 'round')}.")
     read = info.get("prompt")
     if read and read["share"] is not None and read["tokens"]:
-        held = (f"; the chat template's first {plural(read['opening'], 'token')} were read once for every run"
+        held = (f" (the chat template's {plural(read['opening'], 'token')} before them are read once for all runs)"
                 if read["opening"] else "")
-        out.append(f"Reading the prompt ({plural(read['tokens'] - read['opening'], 'token')}{held}) was "
-                   f"{read['share']:.0%} of this {read['method']} run's cost; the drafter reads it too, so a "
+        out.append(f"Reading this prompt's {plural(read['tokens'] - read['opening'], 'token')} was "
+                   f"{read['share']:.0%} of this {read['method']} run's cost{held}; the drafter reads them too, so a "
                    f"short reply gains least from speculation.")
     return out
 

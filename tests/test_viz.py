@@ -525,5 +525,6 @@ def test_the_cost_panel_says_what_reading_the_prompt_cost_and_what_the_opening_s
     info = {"device": "CPU", "gamma": 2, "alpha": 0.5, "c": 0.4, "s": 0.9, "V": 1.2,
             "prompt": {"method": "SD", "tokens": 70, "opening": 24, "share": 0.31}}
     said = " ".join(sentences(info))
-    assert "Reading the prompt (46 tokens; the chat template's first 24 tokens were read once for every run) " \
-           "was 31% of this SD run's cost" in said
+    assert "Reading this prompt's 46 tokens was 31% of this SD run's cost (the chat template's 24 tokens before " \
+           "them are read once for all runs);" in said
+    assert "template" not in " ".join(sentences({**info, "prompt": {**info["prompt"], "opening": 0}}))
