@@ -14,7 +14,7 @@ import json
 import statistics
 
 from via_sd import DecodeConfig, Thresholds, generate, load_pair
-from via_sd.costs import predict, scaled
+from via_sd.costs import acceptance, call_ms, ceiling, predict, scaled
 from via_sd.fidelity import measure_fidelity
 
 parser = argparse.ArgumentParser()
@@ -96,6 +96,27 @@ for name in SETTINGS:
           + "/".join(f"{100 * tiers[t] / total:.0f}%" for t in tiers) + f" | {same:.0%} | "
           f"{ratio(name, 'ar', 'after'):.2f}× / {ratio(name, 'sd', 'after'):.2f}× | "
           f"{statistics.median(r['prompt_share'] for r in rs):.0%} |")
+
+# SD's ceiling at the measured costs: the formula's best round at each prompt's own acceptance (i.i.d.) from round 1
+# on, and over the whole run with AR's priced prompt read and SD's drafter reading the prompt on top
+ceilings = []
+for p, sd in by("sd").items():
+    alpha, ar_rounds = acceptance(sd["trace"].rounds), by("ar")[p]["trace"].rounds
+    if alpha is None:
+        continue
+    later = max(ceiling(profile, alpha, g) for g in range(1, 9))
+    ar_ms = sum(call_ms(profile, c) for r in ar_rounds for c in r["calls"])
+    read = sum(call_ms(profile, c) for r in ar_rounds for c in r["calls"] if c.get("prompt")) / ar_ms
+    drafter = sum(call_ms(profile, c) for r in sd["trace"].rounds for c in r["calls"]
+                  if c.get("prompt") and c["model"] == "drafter") / ar_ms
+    ceilings.append((alpha, later, 1.0 / (read + drafter + (1.0 - read) / later), read, drafter))
+if ceilings:
+    med = [statistics.median(c[k] for c in ceilings) for k in range(5)]
+    print(f"
+SD's ceiling at these costs (E / (gamma c + V(gamma+1)) at each prompt's acceptance, medians): "
+          f"acceptance {med[0]:.2f}; from round 1 on {med[1]:.2f}x AR; over the whole run {med[2]:.2f}x AR "
+          f"(AR's prompt read {med[3]:.0%} of its run, SD's drafter reads it too: +{med[4]:.0%}); measured "
+          f"{ratio('sd', 'ar', 'after'):.2f}x / {ratio('sd', 'ar'):.2f}x")
 
 # paper vs SD under a cheaper slim pass: the recorded runs re-priced (no re-run), to find where paper matches SD
 needed = None

@@ -45,14 +45,8 @@ def measured_profile(traces: dict) -> "CostProfile | None":
 
 
 def acceptance(trace) -> float | None:
-    """Per-draft acceptance, as a round sees it: drafts kept before the first rejection over those plus
-    the rejections (discarded drafts after a rejection were never tried)."""
-    kept = tried = 0
-    for rnd in trace.rounds if trace is not None else []:
-        decisions = [c.get("decision") for c in rnd.get("candidates", [])]
-        k = sum(d in ("kept", "accepted") for d in decisions)
-        kept, tried = kept + k, tried + k + ("replaced" in decisions)
-    return kept / tried if tried else None
+    """Per-draft acceptance of a run (via_sd.costs.acceptance)."""
+    return model.acceptance(trace.rounds) if trace is not None else None
 
 
 def round_gamma(trace) -> int | None:

@@ -152,3 +152,13 @@ def test_thresholds_that_send_everything_to_tier_c_pick_rounds_as_sd_does(tiny_p
     lossless = DecodeConfig(max_new_tokens=24, chat=False, thresholds=Thresholds.preset("lossless"))
     sd, via = generate(tiny_pair, "hello", "sd", lossless), generate(tiny_pair, "hello", "via", lossless)
     assert via.token_ids == sd.token_ids
+
+
+def test_acceptance_counts_drafts_tried_before_the_first_rejection():
+    from via_sd.costs import acceptance
+
+    rounds = [{"candidates": [{"decision": "kept"}, {"decision": "kept"}, {"decision": "replaced"},
+                              {"decision": "discarded"}]},  # 2 kept of 3 tried: the discarded one never was
+              {"candidates": [{"decision": "accepted"}, {"decision": "kept"}]}]
+    assert acceptance(rounds) == pytest.approx(4 / 5)
+    assert acceptance([{"candidates": []}]) is None and acceptance([]) is None

@@ -258,6 +258,17 @@ def ceiling(profile: CostProfile, alpha: float, gamma: int) -> float:
     return expected_emitted(alpha, gamma) / (gamma * profile.c + profile.V(gamma + 1))
 
 
+def acceptance(rounds: list[dict]) -> float | None:
+    """Per-draft acceptance of a recorded run, as a round sees it: drafts kept before the first rejection over
+    those plus the rejections (drafts discarded after a rejection were never tried)."""
+    kept = tried = 0
+    for rnd in rounds:
+        decisions = [c.get("decision") for c in rnd.get("candidates", [])]
+        k = sum(d in ("kept", "accepted") for d in decisions)
+        kept, tried = kept + k, tried + k + ("replaced" in decisions)
+    return kept / tried if tried else None
+
+
 # ---- other machines: what-if shapes and a GPU roofline ----
 
 def scaled(profile: CostProfile, flatness: float | None = None, c: float | None = None, s: float | None = None,
