@@ -112,8 +112,7 @@ for p, sd in by("sd").items():
     ceilings.append((alpha, later, 1.0 / (read + drafter + (1.0 - read) / later), read, drafter))
 if ceilings:
     med = [statistics.median(c[k] for c in ceilings) for k in range(5)]
-    print(f"
-SD's ceiling at these costs (E / (gamma c + V(gamma+1)) at each prompt's acceptance, medians): "
+    print(f"\nSD's ceiling at these costs (E / (gamma c + V(gamma+1)) at each prompt's acceptance, medians): "
           f"acceptance {med[0]:.2f}; from round 1 on {med[1]:.2f}x AR; over the whole run {med[2]:.2f}x AR "
           f"(AR's prompt read {med[3]:.0%} of its run, SD's drafter reads it too: +{med[4]:.0%}); measured "
           f"{ratio('sd', 'ar', 'after'):.2f}x / {ratio('sd', 'ar'):.2f}x")
