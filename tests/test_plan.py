@@ -28,7 +28,8 @@ def test_the_plan_for_the_draft_signal_runs_one_verifier_at_most():
 
 
 def test_a_forced_round_closes_tier_a_only():
-    assert force_verification([DRAFT, SLIM, FULL]) == [SLIM, SLIM, FULL]
+    assert force_verification([DRAFT, SLIM, FULL], slim_sorts=True) == [SLIM, SLIM, FULL]  # the slim pass ran
+    assert force_verification([DRAFT, SLIM, FULL], slim_sorts=False) == [FULL, SLIM, FULL]  # no slim pass to redo
 
 
 def _longest_unverified_run(trace) -> int:
@@ -54,7 +55,17 @@ def test_max_unverified_bounds_unverified_runs_under_both_signals(tiny_routed_pa
             assert not forced and _longest_unverified_run(trace) > 40
         else:
             assert forced and all(c["tier"] != DRAFT for r in forced for c in r["candidates"])
+            checked_by = {c["tier"] for r in forced for c in r["candidates"] if c["decision"] != "discarded"}
+            assert checked_by == {FULL}  # no slim pass sorted them (accept 0 needs no signal): the full verifier
             assert _longest_unverified_run(trace) <= bound + cfg.gamma - 1
+
+
+def test_a_forced_round_goes_to_the_slim_verifier_only_when_its_pass_sorted_the_drafts(tiny_routed_pair):
+    nearly_all_a = Thresholds(accept=1e-9, escalate=0.0, signal="slim")  # the slim pass runs, every draft is A
+    cfg = DecodeConfig(gamma=4, max_new_tokens=40, chat=False, thresholds=nearly_all_a, max_unverified=6)
+    forced = [r for r in generate(tiny_routed_pair, "hello world", "via", cfg).rounds if r["forced_by"]]
+    assert forced and all(r["slim_called"] and not r["full_called"] for r in forced)
+    assert {c["tier"] for r in forced for c in r["candidates"] if c["decision"] != "discarded"} == {SLIM}
 
 
 @pytest.mark.parametrize("signal", ["slim", "draft"])

@@ -288,7 +288,8 @@ def test_what_if_accept_everything_calls_no_full_model(traces):
     assert est["tier_counts"]["draft"] == est["drafted"] == trace.summary["drafted"]
     bounded = replace(trace, config={**trace.config, "max_unverified": 8})  # as the engine: forced rounds close tier A
     forced = viz.what_if(bounded, {"accept": 0.0, "escalate": 0.0})
-    assert forced["forced_rounds"] > 0 and forced["tier_counts"]["slim"] > 0
+    # accept 0 needs no slim pass to sort: a forced round's drafts go to the full verifier, as in the engine
+    assert forced["forced_rounds"] > 0 and forced["tier_counts"]["full"] > 0 and forced["tier_counts"]["slim"] == 0
     assert est["rejection_rate"] == 0.0
     assert est["thresholds"]["signal"] == "slim"  # a dict without signal keeps the trace's
     if trace.summary["full_calls"]:  # priced by the cost profile: dropping every full pass costs less

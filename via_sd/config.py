@@ -26,7 +26,7 @@ class DecodeConfig:
     draft_stop: float = 0.0  # end the round's drafting early once the drafter's p(x) falls below this
     chat: bool = True  # wrap the prompt in the tokenizer's chat template when it has one
     # VIA-SD: once this many tokens in a row were kept with no verifier, the next round's drafts go to a
-    # verifier (tier A is closed for that round); 0 = no bound
+    # verifier (tier A is closed for that round: plan.force_verification); 0 = no bound
     max_unverified: int = 32
     # VIA-SD: the slim and full verifier share the sub-layers before the route's first skip (one KV cache,
     # a full pass resumes from the slim pass's hidden states); False runs them separately (for comparison)

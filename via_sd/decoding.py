@@ -191,7 +191,7 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[
         confidence = [c["p_draft"] for c in cands]
     tiers = [th.fixed_tier or tier_of(r, th) for r in confidence]
     if rnd.forced_by:  # too many tokens in a row were kept unverified: a verifier sees this round
-        tiers = force_verification(tiers)
+        tiers = force_verification(tiers, dec.slim_sorts)
     for c, r in zip(cands, confidence):
         c["confidence"] = r
     rnd.sorted_tiers = tiers

@@ -124,9 +124,13 @@ class RoundPlan:
         return None
 
 
-def force_verification(tiers: list[str]) -> list[str]:
-    """A forced round (too many tokens in a row kept with no verifier): tier A is closed, its drafts go to tier B."""
-    return [SLIM if t == DRAFT else t for t in tiers]
+def force_verification(tiers: list[str], slim_sorts: bool) -> list[str]:
+    """A forced round (too many tokens in a row kept with no verifier): tier A is closed. Its drafts go to tier B
+    when the slim verifier sorted them (its pass over them is paid for already), else to tier C: the full verifier
+    reads those positions at its next call anyway, and a slim pass first would read them twice (past the split
+    the slim verifier writes only positions the full one has not read, and the full one reads them again)."""
+    to = SLIM if slim_sorts else FULL
+    return [to if t == DRAFT else t for t in tiers]
 
 
 def plan_round(tiers: list[str], slim_sorts: bool) -> RoundPlan:

@@ -214,7 +214,7 @@ def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
         tiers = [rule.fixed_tier or tier_of(r, rule) for r, _ in scored]
         forced = bool(max_unverified) and unverified >= max_unverified
         if forced:
-            tiers = force_verification(tiers)
+            tiers = force_verification(tiers, slim_sorts)
         plan = plan_round(tiers, slim_sorts)
         full_from = plan.full[0] if plan.full else len(cands)
         for k, c in enumerate(cands):
