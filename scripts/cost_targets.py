@@ -14,7 +14,7 @@ import json
 import statistics
 
 from via_sd import DecodeConfig, Thresholds, generate, load_pair
-from via_sd.costs import acceptance, call_ms, ceiling, predict, scaled
+from via_sd.costs import acceptance, call_ms, ceiling, predict, reads_prompt, scaled
 from via_sd.fidelity import measure_fidelity
 
 parser = argparse.ArgumentParser()
@@ -106,9 +106,9 @@ for p, sd in by("sd").items():
         continue
     later = max(ceiling(profile, alpha, g) for g in range(1, 9))
     ar_ms = sum(call_ms(profile, c) for r in ar_rounds for c in r["calls"])
-    read = sum(call_ms(profile, c) for r in ar_rounds for c in r["calls"] if c.get("prompt")) / ar_ms
+    read = sum(call_ms(profile, c) for r in ar_rounds for c in r["calls"] if reads_prompt(c)) / ar_ms
     drafter = sum(call_ms(profile, c) for r in sd["trace"].rounds for c in r["calls"]
-                  if c.get("prompt") and c["model"] == "drafter") / ar_ms
+                  if reads_prompt(c) and c["model"] == "drafter") / ar_ms
     ceilings.append((alpha, later, 1.0 / (read + drafter + (1.0 - read) / later), read, drafter))
 if ceilings:
     med = [statistics.median(c[k] for c in ceilings) for k in range(5)]

@@ -103,7 +103,7 @@ def prompt_read(trace, profile) -> dict:
     run's priced forwards that read the prompt."""
     calls = [c for r in trace.rounds for c in r.get("calls", [])]
     total = sum(model.call_ms(profile, c) for c in calls)
-    read = sum(model.call_ms(profile, c) for c in calls if c.get("prompt") or not c.get("past"))
+    read = sum(model.call_ms(profile, c) for c in calls if model.reads_prompt(c))
     summary = trace.summary or {}
     return {"method": trace.method.upper() if trace.method != "via" else "VIA-SD",
             "tokens": summary.get("prompt_tokens", 0), "opening": summary.get("opening_tokens", 0),

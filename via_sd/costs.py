@@ -132,6 +132,11 @@ def _interpolate(curve: dict[int, float], n: int) -> float:
 
 # ---- what a recorded run cost: every forward call priced ----
 
+def reads_prompt(call: dict) -> bool:
+    """A recorded forward that read the prompt: from an empty cache, or flagged (after a cached chat opening)."""
+    return not call.get("past") or bool(call.get("prompt"))
+
+
 def call_ms(profile: CostProfile, call: dict) -> float:
     """One recorded forward: {"model": drafter|slim|full, "rows": new tokens, "past": tokens already cached,
     "resume": True for a full pass that resumed from the slim pass's shared sub-layers, "prompt": True for a
@@ -139,7 +144,7 @@ def call_ms(profile: CostProfile, call: dict) -> float:
     model, rows = call["model"], int(call["rows"])
     if rows <= 0:
         return 0.0
-    if not call.get("past") or call.get("prompt"):
+    if reads_prompt(call):
         ms = profile.prompt(model, rows)
         return ms * profile.resume(1) / profile.verify(1) if call.get("resume") else ms
     if model == "drafter":
