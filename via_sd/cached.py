@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import nullcontext
 
 import torch
 from transformers import DynamicCache
@@ -106,10 +107,8 @@ class Reader:
         prompt = upto <= self.prompt  # reading the prompt (after a cached opening too: opening.py)
         self.calls.append({"model": self.name, "rows": upto - start, "past": start, "resume": resume,
                            "prompt": prompt})
-        if prompt:
-            with reading_prompt():
-                return self.model.logits(seq, upto, keep)
-        return self.model.logits(seq, upto, keep)
+        with reading_prompt() if prompt else nullcontext():
+            return self.model.logits(seq, upto, keep)
 
     def rollback(self, length: int) -> None:
         self.model.rollback(length)

@@ -44,6 +44,15 @@ from .trace import Tally, Trace
 METHODS = ("ar", "sd", "via")
 
 
+def verifier_cache(pair: ModelPair, prompt_ids: list[int], reuse_opening: bool = True) -> CachedModel:
+    """The full verifier with a KV cache of its own (logits on the drafter's device), started from the pair's read
+    chat opening unless `reuse_opening` is False: what the decoders verify with, and fidelity scores with."""
+    def fresh():
+        return CachedModel(pair.verifier, pair.vocab_size, pair.slim.device, pair.drafter.device)
+
+    return pair.openings.start("full", fresh, prompt_ids) if reuse_opening else fresh()
+
+
 class Decoder:
     """State shared by the three methods: the pair, caches, sampling, clock, and the round's size."""
 
@@ -64,7 +73,7 @@ class Decoder:
             slim, full = verifiers.view("slim"), verifiers.view("full")
         else:
             slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, self.device))
-            full = start("full", lambda: CachedModel(pair.verifier, vocab, pair.slim.device, self.device))
+            full = verifier_cache(pair, prompt_ids, config.reuse_opening)
         self.opening = min(m.seen for m in (drafter, slim, full))  # prompt tokens every cache started with
         prompt = len(prompt_ids)
         self.drafter, self.slim, self.full = (Reader(m, name, prompt, self.calls) for m, name in

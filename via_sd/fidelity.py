@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from .cached import CachedModel
+from .decoding import verifier_cache
 from .row_attention import reading_prompt
 
 
@@ -31,10 +31,7 @@ def score_outputs(pair, prompt_ids: list[int], outputs: list[list[int]], stop=No
     # one-token steps, so greedy AR and SD output agree exactly, however the output is split into passes)
     if not any(outputs):
         return [_score([], None) for _ in outputs]
-    def fresh():
-        return CachedModel(pair.verifier, pair.vocab_size, pair.slim.device, pair.drafter.device)
-
-    full = pair.openings.start("full", fresh, prompt_ids) if reuse_opening else fresh()
+    full = verifier_cache(pair, prompt_ids, reuse_opening)
     prompt, seq = len(prompt_ids), list(prompt_ids)
     with reading_prompt():
         first = full.logits(seq, prompt, 1)

@@ -9,7 +9,6 @@ assets/token_freq/), and q/k/v and gate/up run as one matmul each (fused.py).
 from __future__ import annotations
 
 import ctypes
-
 import json
 from functools import lru_cache
 from pathlib import Path
