@@ -2,9 +2,10 @@
 
     python app.py                      # http://127.0.0.1:7860, embedded Qwen2.5-Coder 0.5B -> 1.5B pair
     VIA_SD_PRESET=random python app.py # tiny random pair: instant, gibberish text (mechanics only)
+    VIA_SD_MCP=1 python app.py         # also an MCP server at /gradio_api/mcp/ (needs the `mcp` package)
 
 This file is the page: its layout in reading order, then the event wiring. Handlers are plain
-functions in `studio/` (the app's runtime: models, sessions, runs, views, lab, costs), every piece
+functions in `studio/` (the app's runtime: models, sessions, runs, views, lab, costs, api), every piece
 of HTML and every figure comes from `viz/`, and decoding is `via_sd`'s; none is re-implemented here.
 """
 
@@ -20,7 +21,7 @@ from pathlib import Path
 import gradio as gr
 
 import viz.page as page
-from studio import costs, lab, runs, views
+from studio import api, costs, lab, runs, views
 from studio.downloads import forget_session
 from studio.lab import CUSTOM, DEFAULT_THRESHOLD_PRESET
 from studio.models import (DEFAULT_PRESET, LOCK_REASON, MODELS, load_preset, poll_status, preset_choices,
@@ -63,7 +64,8 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         traces = gr.State({})  # the session's last run: {method: Trace, "ticket", "preset", "fidelity"}
         settled = gr.State({})  # the run the follow-up steps draw (`runs.settle` hands it on after Done)
         run_ticket, sweep_ticket, route_ticket = gr.State(None), gr.State(None), gr.State(None)
-        theme = gr.Textbox(value="light", visible="hidden", elem_id="theme")
+        theme = gr.Textbox(value="light", visible="hidden", elem_id="theme",
+                           label="theme (light or dark: the figures' colors)")
 
         with gr.Sidebar(label="Settings", width=340, elem_id="settings"):
             gr.Markdown("### Settings")
@@ -95,7 +97,8 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
 
         # At 1280x800 the three panes are on screen after a run: the examples and the model picker fold away.
         gr.Markdown(INTRO, elem_id="intro")
-        device = gr.Markdown(MODELS.status(preset), elem_id="device")
+        device = gr.Markdown(MODELS.status(preset), elem_id="device", label="models and device (Markdown)",
+                             show_label=False)
         with gr.Row(visible=False, elem_id="route-search-row") as route_row:
             route_search = gr.Button("Search a better route", elem_id="route-search", size="sm")
             route_search_stop = gr.Button("Stop search", elem_id="route-search-stop", size="sm", variant="stop")
@@ -111,22 +114,25 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     run = gr.Button("Run", variant="primary", elem_id="run")
                     stop = gr.Button("Stop", variant="stop", elem_id="stop")
                 status = gr.HTML(page.status_html("VIA-SD, plain SD and AR run one after another on the same "
-                                                  "prompt, so their timings are comparable."), elem_id="status")
+                                                  "prompt, so their timings are comparable."), elem_id="status",
+                                 label="status message (HTML)")
 
         gr.HTML(page.legend_row_html(), elem_id="legend", js_on_load=None)
         with gr.Row(equal_height=False):
             via_pane = gr.HTML(page.pane_html(None, "via"), elem_id="via-tokens", container=True, padding=True,
-                               js_on_load=None)
+                               js_on_load=None, label="VIA-SD output, tokens colored by tier (HTML)")
             sd_pane = gr.HTML(page.pane_html(None, "sd"), elem_id="sd-tokens", container=True, padding=True,
-                              js_on_load=None)
+                              js_on_load=None, label="plain SD output, tokens colored by tier (HTML)")
             ar_pane = gr.HTML(page.pane_html(None, "ar"), elem_id="ar-tokens", container=True, padding=True,
-                              js_on_load=None, visible=DEFAULTS["with_ar"])
-        metrics = gr.HTML(page.metrics_html({}), elem_id="metrics", js_on_load=None)
+                              js_on_load=None, visible=DEFAULTS["with_ar"], label="AR output (HTML)")
+        metrics = gr.HTML(page.metrics_html({}), elem_id="metrics", js_on_load=None,
+                          label="metric cards: tokens/s, speed-ups, rates, full-model calls, fidelity (HTML)")
         with gr.Row(equal_height=True, elem_id="race-controls"):
             race = gr.Button("▶ Replay as a race", elem_id="race-replay", scale=0, min_width=220)
             race_speed = gr.Radio([("¼×", 0.25), ("½×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)], value=1.0,
                                   label="race speed (× recorded time)", elem_id="race-speed", scale=1)
-        race_view = gr.HTML(page.RACE_HINT, elem_id="race-view", js_on_load=None)
+        race_view = gr.HTML(page.RACE_HINT, elem_id="race-view", js_on_load=None,
+                            label="race replay frame: the runs in their recorded time (HTML)")
 
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Why this speed", id="tab-costs"):
@@ -162,7 +168,8 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                             "to re-run for real when you release a slider.")
                 rerun = gr.Checkbox(False, label="re-run on release", elem_id="rerun-on-release")
                 whatif = gr.HTML(lab.what_if_card({}, DEFAULTS["accept"], DEFAULTS["escalate"], DEFAULTS["signal"]),
-                                 elem_id="whatif", js_on_load=None)
+                                 elem_id="whatif", js_on_load=None,
+                                 label="what-if card: the last VIA-SD trace re-tiered, an estimate (HTML)")
                 whatif_plot = gr.Plot(label="what-if: re-tiered drafts (estimate)", elem_id="whatif-plot",
                                       show_label=False)
                 presets_plot = gr.Plot(label="what-if: threshold presets (estimate)", elem_id="whatif-presets-plot",
@@ -192,7 +199,20 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     learn_round = gr.Slider(1, 2, value=1, step=1, label="round", elem_id="learn-round", scale=4)
                     learn_api_round = gr.Number(1, label="round", precision=None, visible=False)
                     next_round = gr.Button("Next ▶", elem_id="learn-next", scale=0)
-                learn = gr.HTML(views.learn_view({}), elem_id="learn-view", js_on_load=None)
+                learn = gr.HTML(views.learn_view({}), elem_id="learn-view", js_on_load=None,
+                                label="learn view: one round's drafts, tiers and decisions explained (HTML)")
+
+        # For scripts and MCP clients (`studio.api`): the numbers behind the page as labelled JSON. Not drawn.
+        with gr.Column(visible=False, elem_id="api-only"):
+            compare_trigger = gr.Button("compare", visible=False)
+            comparison = gr.JSON(label="comparison (JSON): per method its summary, text and trace (via-sd-trace/1); "
+                                       "the speed-ups, fidelity and cost profile")
+            estimate_trigger = gr.Button("what-if estimate", visible=False)
+            # text, not gr.JSON: the trace gate checks size and depth before parsing (and MCP needs a typed input)
+            trace_in = gr.Textbox(label="trace to re-tier: its JSON text (via-sd-trace/1, e.g. a comparison's "
+                                        "methods.via.trace)")
+            estimate = gr.JSON(label="what-if estimate (JSON): the trace's drafts re-tiered under the new "
+                                     "thresholds; an estimate, not a run")
 
         # ---- events -------------------------------------------------------------------------------
         run_inputs = [prompt, model, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route, with_ar,
@@ -201,8 +221,12 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         view_outputs = [confidence_plot, tier_mix_plot, latency_plot, speedup_plot, position_plot, learn_round, learn]
         whatif_inputs = [traces, accept, escalate, signal, theme]
         projection_inputs = [traces, profile, flatness, drafter_cost, slim_cost]
-        light = dict(concurrency_limit=8, show_progress="hidden", api_name=False)
+        # the page's own steps are private: a client sees only the endpoints named for it (`public`)
+        light = dict(concurrency_limit=8, show_progress="hidden", api_visibility="private")
         on_model = dict(concurrency_id="gpu", concurrency_limit=1)  # one piece of model work at a time
+
+        def public(name: str, **kwargs) -> dict:
+            return {**kwargs, "api_name": name, "api_visibility": "public"}
 
         def after_run(event):
             """What follows every run and every upload, after a pause (a Run pressed right after Done goes
@@ -220,73 +244,95 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     .then(lab.what_if_view, followup_inputs, [whatif, whatif_plot], **light)
                     .then(lab.what_if_presets, followup_inputs, [presets_plot], **light)
                     .then(views.race_ready, [settled, race_view], [race_view], **light)
-                    .then(runs.fidelity_after_run, [settled], [metrics, traces], api_name=False,
+                    .then(runs.fidelity_after_run, [settled], [metrics, traces], api_visibility="private",
                           show_progress="hidden", **on_model))
 
         demo.load(None, None, theme, js=THEME_JS)
         demo.unload(forget_session)
         timer = gr.Timer(0.5, active=MODELS.loading() or MODELS.loaded(preset) is None)
-        timer.tick(poll_status, [model], [device, timer], api_name=False, show_progress="hidden")
-        model.change(load_preset, [model], [device, status], api_name="load_preset", **on_model).then(
-            lab.route_search_row, [model], [route_row], api_name=False, show_progress="hidden")
+        timer.tick(poll_status, [model], [device, timer], api_visibility="private", show_progress="hidden")
+        model.change(load_preset, [model], [device, status], **public("load_preset", **on_model)).then(
+            lab.route_search_row, [model], [route_row], api_visibility="private", show_progress="hidden")
 
         # A run's ticket is taken before the queue (queue=False), so Stop or a newer Run reaches it while queued.
-        for trigger, api in ((run.click, "run"), (prompt.submit, False)):
+        for trigger, endpoint in ((run.click, public("run")), (prompt.submit, {"api_visibility": "private"})):
             after_run(trigger(runs.take_run_ticket, [theme], [run_ticket, theme, race_view], js=THEME_JS,
-                              queue=False, api_name=False).then(
-                runs.run_compare, [*run_inputs, run_ticket], run_outputs, api_name=api,
-                show_progress_on=[via_pane, sd_pane], **on_model))
-        stop.click(runs.stop_work, None, status, api_name="stop", concurrency_limit=None, queue=False)
-        with_ar.change(lambda on: gr.HTML(visible=bool(on)), [with_ar], [ar_pane], api_name=False, queue=False)
+                              queue=False, api_visibility="private").then(
+                runs.run_compare, [*run_inputs, run_ticket], run_outputs, show_progress_on=[via_pane, sd_pane],
+                **endpoint, **on_model))
+        stop.click(runs.stop_work, None, status, **public("stop", concurrency_limit=None, queue=False))
+        with_ar.change(lambda on: gr.HTML(visible=bool(on)), [with_ar], [ar_pane], api_visibility="private",
+                       queue=False)
         presentation.change(None, [presentation], None, js=PRESENTATION_JS)
 
         card_inputs = [traces, accept, escalate, signal]
         for control in (accept, escalate, signal):
             # the card first (instant), then the slower re-drawn plots
             control.change(lab.what_if_card, card_inputs, [whatif], trigger_mode="always_last",
-                           **{**light, "api_name": "what_if" if control is accept else False}).then(
+                           **(public("what_if", **light) if control is accept else light)).then(
                 lab.what_if_figure, whatif_inputs, [whatif_plot], trigger_mode="always_last", **light).then(
                 lab.what_if_presets, whatif_inputs, [presets_plot], trigger_mode="always_last", **light)
         threshold_preset.input(lab.apply_threshold_preset, [threshold_preset], [accept, escalate, signal],
-                               api_name=False, queue=False)
+                               api_visibility="private", queue=False)
         for control in (accept, escalate, signal):  # a hand on a control makes the setting custom
             control.input(None, None, threshold_preset, js=f"() => '{CUSTOM}'")
         for slider in (accept, escalate):  # a release that re-runs supersedes this session's run at once
-            after_run(slider.release(runs.request_rerun, [rerun], [run_ticket, race_view], api_name=False,
+            after_run(slider.release(runs.request_rerun, [rerun], [run_ticket, race_view], api_visibility="private",
                                      queue=False, trigger_mode="multiple").then(
-                runs.rerun_on_release, [rerun, *run_inputs, run_ticket], run_outputs, api_name=False,
+                runs.rerun_on_release, [rerun, *run_inputs, run_ticket], run_outputs, api_visibility="private",
                 trigger_mode="always_last", show_progress_on=[via_pane, sd_pane], **on_model))
-        race.click(views.race_replay, [traces, race_speed], [race_view], **{**light, "api_name": "race"})
+        race.click(views.race_replay, [traces, race_speed], [race_view], **public("race", **light))
 
         for control in (profile, flatness, drafter_cost, slim_cost):
             control.change(costs.projection, projection_inputs, [projection], trigger_mode="always_last", **light)
         profile.input(costs.profile_controls, [traces, profile], [flatness, drafter_cost, slim_cost], **light)
 
-        demo.load(poll_status, [model], [device, timer], api_name=False, show_progress="hidden").then(
-            lab.route_search_row, [model], [route_row], api_name=False, show_progress="hidden")
-        timer.tick(lab.route_search_row, [model], [route_row], api_name=False, show_progress="hidden")
-        route_search.click(lab.take_route_ticket, None, [route_ticket], queue=False, api_name=False).then(
-            lab.search_better_route, [model, route_ticket], [device, status, route_row], api_name="search_route",
-            **on_model)
-        route_search_stop.click(runs.stop_work, None, status, api_name=False, queue=False)
+        demo.load(poll_status, [model], [device, timer], api_visibility="private", show_progress="hidden").then(
+            lab.route_search_row, [model], [route_row], api_visibility="private", show_progress="hidden")
+        timer.tick(lab.route_search_row, [model], [route_row], api_visibility="private", show_progress="hidden")
+        route_search.click(lab.take_route_ticket, None, [route_ticket], queue=False, api_visibility="private").then(
+            lab.search_better_route, [model, route_ticket], [device, status, route_row],
+            **public("search_route", **on_model))
+        route_search_stop.click(runs.stop_work, None, status, api_visibility="private", queue=False)
 
         sweep.click(lab.take_sweep_ticket, [theme], [sweep_ticket, theme], js=THEME_JS, queue=False,
-                    api_name=False).then(
+                    api_visibility="private").then(
             lab.measure_sweep, [prompt, model, gamma, signal, temperature, max_new_tokens, seed, route, sweep_accepts,
                                 sweep_escalates, accept, escalate, theme, sweep_ticket], [frontier_plot, status],
-            api_name="sweep", **on_model)
+            **public("sweep", **on_model))
 
         trace_method.change(views.trace_table, [traces, trace_method], [table, json_download, csv_download],
-                            **{**light, "api_name": "trace_files"})
-        after_run(upload.upload(views.replay_upload, [upload], run_outputs, **{**light, "api_name": "replay"}))
+                            **public("trace_files", **light))
+        after_run(upload.upload(views.replay_upload, [upload], run_outputs, **public("replay", **light)))
 
         learn_round.change(views.learn_view, [traces, learn_round], [learn], **light)
         # the API's own round input: the slider's range (1-2 until the page's follow-up steps widen it) would
         # refuse valid rounds; learn_view itself accepts exactly the rounds of the trace
-        learn_api_round.change(views.learn_view, [traces, learn_api_round], [learn], **{**light, "api_name": "learn"})
+        learn_api_round.change(views.learn_view, [traces, learn_api_round], [learn], **public("learn", **light))
         prev_round.click(lambda k, t: views.step_round(k, -1, t), [learn_round, traces], [learn_round], **light)
         next_round.click(lambda k, t: views.step_round(k, 1, t), [learn_round, traces], [learn_round], **light)
+
+        # the same queue, concurrency group and limits as Run; the what-if needs no model
+        compare_trigger.click(api.compare, run_inputs[:-1], [comparison],
+                              **public("compare", show_progress="hidden", **on_model))
+        estimate_trigger.click(api.what_if_estimate, [trace_in, accept, escalate, signal], [estimate],
+                               **public("what_if_estimate", **light))
     return demo
+
+
+def mcp_wanted() -> bool:
+    """VIA_SD_MCP=1 serves the public endpoints as MCP tools too (`compare` and `what_if_estimate` among them),
+    at /gradio_api/mcp/. Off by default: a page needs none of it. It needs the `mcp` package; without one a
+    warning says how to install it and the page starts without MCP (not Gradio's launch error)."""
+    if os.environ.get("VIA_SD_MCP", "").strip().lower() not in ("1", "true", "yes", "on"):
+        return False
+    try:
+        import mcp  # noqa: F401
+    except ImportError:
+        logging.getLogger("via_sd.app").warning('VIA_SD_MCP is set but the `mcp` package is missing: '
+                                                '.venv/bin/pip install "mcp>=1.21,<2" (the page starts without MCP)')
+        return False
+    return True
 
 
 def launch(preset: str = DEFAULT_PRESET, **kwargs):
@@ -295,6 +341,7 @@ def launch(preset: str = DEFAULT_PRESET, **kwargs):
     demo = build_demo(preset)
     demo.queue(default_concurrency_limit=1, max_size=64)
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)  # the server refuses a larger upload before storing it
+    kwargs.setdefault("mcp_server", mcp_wanted())
     return demo.launch(css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft(), **kwargs)
 
 

@@ -5,6 +5,7 @@
     sessions   one cancellation scheme per visitor: tickets for runs, sweeps and route searches
     inputs     settings from the page, checked, as engine objects (or a UserError to show)
     runs       Run: VIA-SD, plain SD and AR streamed; fidelity afterwards
+    api        the JSON endpoints for scripts and MCP: a comparison's numbers and traces, the what-if
     views      what follows a run or an upload: figures, trace table and files, learn view, race
     lab        the threshold lab (what-if estimate, measured sweep) and the route search
     costs      "Why this speed" and "Where it would pay" (the engine's cost model, drawn by viz)

@@ -79,7 +79,55 @@ def with_replacements(candidates: list[dict], pair, greedy: bool) -> list[dict]:
 def run_duration(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed=0, route=None,
                  with_ar=True, *rest, **kw) -> int:
     """ZeroGPU's `duration` for a run: called with the run's own arguments (see `studio.gpu`)."""
-    return run_seconds(max_new_tokens, ("via", "sd", "ar") if with_ar else ("via", "sd"))
+    return run_seconds(max_new_tokens, methods_of(with_ar))
+
+
+def methods_of(with_ar) -> tuple[str, ...]:
+    """The methods a comparison runs, in the order it runs them."""
+    return ("via", "sd", "ar") if with_ar else ("via", "sd")
+
+
+def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens,
+                      seed, route, with_ar=True, progress=None, live: dict | None = None):
+    """The one decoding path of a comparison, shared by the page's Run (`run_compare`) and the API's JSON
+    endpoint (`studio.api.compare`): check the settings, wait for the pair, then VIA-SD, plain SD (and AR)
+    one after another on the run's own view of the pair, each stopped between rounds by `job`.
+
+    Fills `traces` ({method: Trace}) as rounds finish and, when given, `live` (method -> the round being
+    verified). Yields (None, False) once the settings are checked (the models may still be loading then),
+    then (method, False) after every engine event and (method, True) when a method ends. A bad setting raises
+    UserError; the engine refusing an input raises ValueError.
+    """
+    check_prompt(prompt)
+    config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed)
+    yield None, False
+    shared = MODELS.wait(preset, progress)
+    MODELS.ensure_warm(shared)  # a no-op once warm; on ZeroGPU the first run warms up inside its GPU call
+    pair = MODELS.view(shared, preset, route)
+    for method in methods_of(with_ar):
+        for event in stream_events(pair, prompt, method, config, stop=job):
+            if event.kind == "round":
+                traces[method] = event.trace
+                if live is not None:
+                    live.pop(method, None)
+            elif live is not None:  # drafts proposed, or a tier decided some: shown pending / in tier colors
+                live[method] = (event.round, with_replacements(event.candidates, pair, config.greedy))
+            yield method, False
+        if live is not None:
+            live.pop(method, None)
+        yield method, True
+        if job.is_set():
+            break
+
+
+def ending(job, traces: dict) -> tuple[str, str]:
+    """(message, kind) of a comparison that ended without an error: superseded, stopped, or done."""
+    if job.superseded:
+        return ("Stopped: a newer run of this session replaces this one (Run pressed again, or a slider "
+                "released).", "stop")
+    if job.stopped:
+        return "Stopped. Partial traces are kept; plots and downloads show what ran.", "stop"
+    return page.done_message(runs_of(traces)), "ok"
 
 
 @gpu(duration=run_duration)
@@ -106,39 +154,22 @@ def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, ma
                                                    "waited in the queue).", "stop"), gr.skip())
         return
     try:
-        check_prompt(prompt)
-        config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed)
-        loaded = MODELS.loaded(preset) is not None
-        yield out("starting …" if loaded else f"loading {preset} … (the run starts when the models are in)")
-        shared = MODELS.wait(preset, progress)
-        MODELS.ensure_warm(shared)  # a no-op once warm; on ZeroGPU the first run warms up inside its GPU call
-        pair = MODELS.view(shared, preset, route)
         pace = max(0.0, min(float(pace or 0), MAX_PACE_MS)) / 1000  # slow motion: each step stays this long
-        for method in ("via", "sd", "ar") if with_ar else ("via", "sd"):
-            shown = 0.0
-            for event in stream_events(pair, prompt, method, config, stop=job):
-                if event.kind == "round":
-                    traces[method] = event.trace
-                    live.pop(method, None)
-                else:  # drafts proposed, or a tier decided some: shown pending / in tier colors
-                    live[method] = (event.round, with_replacements(event.candidates, pair, config.greedy))
-                if pace or time.perf_counter() - shown >= FRAME_S:
-                    n = len(traces[method].tokens) if method in traces else 0
-                    yield out(f"{page.METHOD_TITLES[method]}: {n} tokens …", running=method)
-                    shown = time.perf_counter()
-                    if pace:
-                        time.sleep(pace)
-            live.pop(method, None)
-            yield out(f"{page.METHOD_TITLES[method]} done", running=None)
-            if job.is_set():
-                break
-        if job.superseded:
-            yield out("Stopped: a newer run of this session replaces this one (Run pressed again, or a slider "
-                      "released).", "stop")
-        elif job.stopped:
-            yield out("Stopped. Partial traces are kept; plots and downloads show what ran.", "stop")
-        else:
-            yield out(page.done_message(runs_of(traces)), "ok")
+        shown, showing = 0.0, None
+        for method, done in decode_comparison(job, traces, prompt, preset, gamma, accept, escalate, signal,
+                                              temperature, max_new_tokens, seed, route, with_ar, progress, live):
+            if method is None:
+                loaded = MODELS.loaded(preset) is not None
+                yield out("starting …" if loaded else f"loading {preset} … (the run starts when the models are in)")
+            elif done:
+                yield out(f"{page.METHOD_TITLES[method]} done", running=None)
+            elif method != showing or pace or time.perf_counter() - shown >= FRAME_S:
+                n = len(traces[method].tokens) if method in traces else 0
+                yield out(f"{page.METHOD_TITLES[method]}: {n} tokens …", running=method)
+                shown, showing = time.perf_counter(), method
+                if pace:
+                    time.sleep(pace)
+        yield out(*ending(job, traces))
     except ValueError as err:  # UserError, or the engine refusing an input (e.g. a prompt beyond the context)
         warn(str(err))
         yield out(str(err), "error")
@@ -190,16 +221,25 @@ def fidelity_after_run(traces: dict, request: gr.Request = None):
     """After Done: fidelity of VIA-SD and SD against the full model (AR's output as the reference when it
     ran). Skipped once a newer run of this session was asked for. Returns (metrics, run record)."""
     runs = runs_of(traces)
-    pair = MODELS.loaded((traces or {}).get("preset"))
-    if not runs or pair is None or "fidelity" in traces or not is_current(traces, request):
+    if not runs or "fidelity" in traces or not is_current(traces, request):
         return gr.skip(), gr.skip()
-    scored = {m: runs[m] for m in ("via", "sd")
-              if runs.get(m) is not None and runs[m].tokens and not (runs[m].summary or {}).get("stopped")}
-    if not scored:
-        return gr.skip(), gr.skip()
-    # the prompt read once, the reference scored once; a newer run of this session ends it between passes
-    fidelity = measure_fidelities(pair, scored, reference=runs.get("ar"), stop=lambda: not is_current(traces, request))
+    # a newer run of this session ends it between passes
+    fidelity = fidelity_of(traces, stop=lambda: not is_current(traces, request))
     if not fidelity or not is_current(traces, request):
         return gr.skip(), gr.skip()
     record = {**traces, "fidelity": fidelity}
     return page.metrics_html(runs, fidelity), record
+
+
+def fidelity_of(traces: dict, stop=None) -> dict | None:
+    """The full model's agreement with VIA-SD's and SD's finished outputs (AR's output as the reference when it
+    ran), for the page's metric cards and the API's JSON alike. None when nothing can be scored (no loaded pair,
+    no finished VIA-SD or SD output) or `stop()` turned true between passes."""
+    runs = runs_of(traces)
+    pair = MODELS.loaded((traces or {}).get("preset"))
+    scored = {m: runs[m] for m in ("via", "sd")
+              if runs.get(m) is not None and runs[m].tokens and not (runs[m].summary or {}).get("stopped")}
+    if pair is None or not scored:
+        return None
+    # the prompt read once, the reference scored once
+    return measure_fidelities(pair, scored, reference=runs.get("ar"), stop=stop)
