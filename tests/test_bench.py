@@ -265,6 +265,31 @@ def test_cli_bench_and_sweep_write_json_and_print_the_table_last(tmp_path, capsy
     assert printed[-1].startswith("| SD |") and any(line.startswith(("Fastest", "No point")) for line in printed)
 
 
+def test_cli_bench_writes_every_run_before_the_report_and_a_failed_report_loses_none(tmp_path, capsys, monkeypatch):
+    """gamma="auto" (the default) reports per-position acceptance over the rounds it drafted; a report that fails
+    after the measurement leaves every run on disk and says where."""
+    from via_sd.cli import bench as cli_bench
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("\n".join(json.dumps(p) for p in PROMPTS[:1]) + "\n")
+    out = tmp_path / "out.json"
+    common = ["bench", "--preset", "random", "--prompts", str(prompts), "--max-new-tokens", "8", "--no-chat",
+              "--repeats", "1", "--warmup", "0", "--methods", "ar,sd,via", "--json", str(out)]
+    assert main(common) == 0
+    data = json.loads(out.read_text())
+    assert data["config"]["gamma"] == "auto" and len(data["runs"]) == 3
+    assert "Per-position acceptance" in capsys.readouterr().out
+
+    def broken(result):
+        raise KeyError("a column")
+
+    out.unlink()
+    monkeypatch.setattr(cli_bench, "markdown", broken)
+    assert main(common) == 1
+    assert len(json.loads(out.read_text())["runs"]) == 3
+    assert f"every run is in {out}" in capsys.readouterr().err
+
+
 def test_hf_assisted_generation_mirrors_gamma_and_draft_stop_and_matches_ar(pair):
     drafter_calls = {}
     for draft_stop in (0.0, 0.9):

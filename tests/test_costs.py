@@ -6,10 +6,10 @@ import logging
 import pytest
 import torch
 
-from via_sd import DecodeConfig, Thresholds, Trace, generate, tiny_random_pair
+from via_sd import DecodeConfig, Thresholds, Trace, generate, load_pair, tiny_random_pair
 from via_sd.costs import (CostProfile, Rates, best_gamma, ceiling, expected_emitted, predict, predicted_tokens_per_s,
                           price_calls, roofline, scaled)
-from via_sd.profile import profile_for, profile_key, profile_path
+from via_sd.profile import _MEASURED, profile_for, profile_key, profile_path
 
 
 def synthetic(V, c=0.3, s=0.8, rows=17) -> CostProfile:
@@ -123,7 +123,8 @@ def test_the_profile_is_cached_per_setting_and_a_bad_file_is_measured_again(tmp_
     pair = tiny_random_pair(seed=0)
     first = profile_for(pair)
     path = profile_path(first.key)
-    assert path.exists() and profile_for(pair) == first  # read back, not measured again
+    _MEASURED.clear()  # as a new process: the file is read back, not measured again
+    assert path.exists() and profile_for(pair) == first
     assert CostProfile.from_dict(json.loads(path.read_text())) == first
 
     threads = torch.get_num_threads()
@@ -140,12 +141,30 @@ def test_the_profile_is_cached_per_setting_and_a_bad_file_is_measured_again(tmp_
     for bad in ("{not json", json.dumps({**first.to_dict(), "key": {**first.key, "threads": 999}}),
                 json.dumps({"verify_ms": [-1]})):
         path.write_text(bad)
+        _MEASURED.clear()  # as a new process
         with caplog.at_level(logging.WARNING, logger="via_sd.profile"):
             caplog.clear()
             again = profile_for(pair)
         assert again.key == first.key and len(caplog.records) == 1
         assert "measuring again" in caplog.records[0].getMessage()
         assert CostProfile.from_dict(json.loads(path.read_text())).key == first.key  # the bad file was replaced
+
+
+def test_copies_of_a_pair_with_a_read_only_cache_measure_its_profile_once(tmp_path, monkeypatch):
+    """A Space's cache can be read-only: the app's per-run copies (dataclasses.replace, which drop the lazily read
+    profile) must not measure it again each run."""
+    import dataclasses
+
+    from via_sd import profile
+
+    monkeypatch.setenv("VIA_SD_CACHE", str(tmp_path / "missing"))
+    (tmp_path / "missing").write_text("a file, so no folder can be made here")
+    measured = []
+    monkeypatch.setattr(profile, "measure", lambda pair, key, progress=None: measured.append(key) or CostProfile(
+        (10.0,) * 17, (9.0,) * 17, (8.0,) * 17, (3.0,) * 3, key=key))
+    pair = load_pair("random")
+    first = pair.costs
+    assert dataclasses.replace(pair).costs is first and measured == [first.key]
 
 
 def test_thresholds_that_send_everything_to_tier_c_pick_rounds_as_sd_does(tiny_pair):
@@ -162,3 +181,47 @@ def test_acceptance_counts_drafts_tried_before_the_first_rejection():
               {"candidates": [{"decision": "accepted"}, {"decision": "kept"}]}]
     assert acceptance(rounds) == pytest.approx(4 / 5)
     assert acceptance([{"candidates": []}]) is None and acceptance([]) is None
+
+
+def _steps_profile() -> CostProfile:
+    """A profile whose every row count has its own price, so a test can read off which k a round was priced at."""
+    return CostProfile(tuple(10.0 + k for k in range(17)), tuple(9.0 + k for k in range(17)),
+                       tuple(8.0 + k for k in range(17)), (3.0, 3.5, 4.0))
+
+
+def test_a_full_pass_is_priced_over_the_drafts_and_the_bonus_token_it_lags_by_not_twice():
+    """After a round, the bonus token is the one position no verifier has read: the next full pass reads it and
+    the gamma drafts, gamma + 1 rows (plain SD's V(gamma + 1)); the pending token is not counted again."""
+    from via_sd.costs import via_round_ms
+
+    profile, rates = _steps_profile(), Rates()
+    rates.to_full = rates.sorted  # every draft to tier C: every round runs the full pass
+    for lag in (0, 1, 1, 1):
+        rates.add(0, False, [], lag=lag)
+    assert rates.lag < 1 and via_round_ms(profile, 3, rates, slim_signal=False) == 3 * 3.0 + profile.verify(4)
+    rates.lag = 3.0  # three tokens behind (rounds that skipped the full verifier): they are read too
+    assert via_round_ms(profile, 3, rates, slim_signal=False) == 3 * 3.0 + profile.verify(6)
+
+
+def test_round_zero_teaches_no_lag_from_the_prompt_which_is_read_in_a_call_of_its_own(tiny_pair, monkeypatch):
+    """The full verifier reads the prompt in a call of its own, priced as a prompt read; the lag a round teaches
+    gamma="auto" counts only the positions past the prompt it catches up on with the drafts."""
+    learned = []
+    add = Rates.add
+    monkeypatch.setattr(Rates, "add", lambda self, kept, rejected, tiers, lag=None:
+                        learned.append(lag) or add(self, kept, rejected, tiers, lag))
+    everything_to_full = Thresholds(accept=1.0, escalate=1.0, signal="draft")
+    trace = generate(tiny_pair, "a longer prompt than one token", "via",
+                     DecodeConfig(gamma=3, max_new_tokens=12, chat=False, thresholds=everything_to_full))
+    assert learned[0] == 0 and set(learned[1:]) == {1}
+    full = [[c for c in r["calls"] if c["model"] == "full" and not c["prompt"]] for r in trace.rounds]
+    assert [c[0]["rows"] for c in full] == [r["gamma"] + min(k, 1) for k, r in enumerate(trace.rounds)]
+
+
+def test_a_round_all_in_tier_a_is_priced_without_the_bonus_token_it_does_not_emit():
+    from via_sd.costs import via_round_ms, via_round_tokens
+
+    profile, rates = _steps_profile(), Rates()  # the prior: nothing escalates, nothing goes to tier B
+    assert via_round_tokens(4, rates, slim_signal=False) == 4  # no verifier ran: the four drafts, no bonus
+    assert via_round_ms(profile, 4, rates, slim_signal=False) == 4 * 3.0
+    assert via_round_tokens(4, rates, slim_signal=True) == pytest.approx(expected_emitted(rates.alpha, 4))

@@ -48,7 +48,7 @@ def test_tokens_of_the_context_join_the_frequent_head_until_the_next_prompt():
         model(torch.tensor([[11]]), past_key_values=cache)  # fed later: joins too
         assert 11 in narrow.context_ids.tolist()
         model(torch.tensor([[4, 6]]), past_key_values=DynamicCache())  # a new prompt: forgotten
-    assert narrow.context is None
+    assert narrow.context_ids is None
 
 
 def test_the_shipped_token_list_is_small_ranked_and_keeps_the_special_tokens():

@@ -21,13 +21,9 @@ from test_architectures import CONFIGS, build
 VOCAB = 96  # a multiple of 16, so the output head is an int4 linear too (the char tokenizer's id 96 is never used)
 
 
-def exact_int4(model, dense_from: int | None = None):
-    """int4 weights and row attention; `dense_from`: from how many rows on the int4 linears may take their
-    de-quantized bf16 path (lowbit measures it per machine; 1 = wherever it can run, None = never)."""
+def exact_int4(model):
+    """int4 weights and row attention."""
     apply_weights(model, "int4")
-    for m in model.modules():
-        if isinstance(m, Int4Linear):
-            m.dense_from = dense_from if dense_from is None or m.can_dequantize() else None
     assert use_row_attention(model) and model.config._attn_implementation == NAME
     return model
 
@@ -53,8 +49,8 @@ def int4_pair() -> ModelPair:
     drafter = llama(2, seed=2)
     drafter.load_state_dict(verifier.state_dict(), strict=False)
     tokenizer = char_tokenizer()
-    for model in (drafter, verifier):  # the de-quantized path wherever it may run: never in a pass over a cache
-        exact_int4(model, dense_from=1)
+    for model in (drafter, verifier):
+        exact_int4(model)
         _suppress_token(model, tokenizer.eos_token_id)
         model.generation_config.eos_token_id = None
     slim = SlimVerifier(verifier, resolve_route(["attn.1", "mlp.2"], 4))
@@ -67,12 +63,10 @@ def pair():
     return int4_pair()
 
 
-@pytest.mark.parametrize("dense_from", [None, 1])
 @pytest.mark.parametrize("rows", [16, 64, 65, 130])
-def test_an_int4_pass_of_any_length_over_a_cache_gives_the_logits_of_one_token_steps(rows, dense_from):
-    """Whatever row count lowbit's de-quantized path starts at (never, or from 1 row on), a pass over a cache
-    gives its one-token steps' logits bit for bit."""
-    model = exact_int4(llama(4), dense_from)
+def test_an_int4_pass_of_any_length_over_a_cache_gives_the_logits_of_one_token_steps(rows):
+    """A pass over a cache, of any length, gives its one-token steps' logits bit for bit."""
+    model = exact_int4(llama(4))
     ids = torch.randint(2, VOCAB, (1, 20 + rows), generator=torch.Generator().manual_seed(rows))
     with torch.inference_mode():
         cache = DynamicCache()

@@ -15,10 +15,12 @@ from __future__ import annotations
 import copy
 import time
 from contextlib import nullcontext
+from dataclasses import replace
 
 import torch
 from transformers import DynamicCache
 
+from .heads import HeadContext, using_context
 from .row_attention import reading_prompt
 
 
@@ -45,13 +47,15 @@ class CachedModel:
         self.input_device, self.output_device = input_device, output_device
         self.cache = DynamicCache()
         self.seen = 0
+        self.head_context = HeadContext()  # this run's context tokens, if the model's head keeps any
 
     @torch.inference_mode()
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
         self.rollback(upto - keep)  # a position asked for again is fed again
         ids = torch.tensor([seq[self.seen:upto]], device=self.input_device)
-        out = self.forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
+        with using_context(self.head_context):
+            out = self.forward(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep)
         self.seen = upto
         # a verifier spread over several GPUs returns logits on its last one
         return out.logits[0, -keep:, : self.vocab_size].to(self.output_device)
@@ -67,6 +71,7 @@ class CachedModel:
         """A copy with a cache of its own (the same model): a run starts from a cached opening (opening.py)."""
         twin = copy.copy(self)
         twin.cache = copy.deepcopy(self.cache)
+        twin.head_context = replace(self.head_context)
         return twin
 
 

@@ -195,33 +195,49 @@ def sd_round_ms(profile: CostProfile, gamma: int) -> float:
     return gamma * profile.draft(1) + profile.verify(gamma + 1)
 
 
+def all_tier_a(gamma: int, rates: "Rates") -> float:
+    """Under the draft signal, the chance that a round's gamma drafts all land in tier A (no verifier runs)."""
+    return (1.0 - rates.escalate - rates.slim) ** gamma if rates.escalate + rates.slim < 1 else 0.0
+
+
 def via_round_ms(profile: CostProfile, gamma: int, rates: "Rates", slim_signal: bool) -> float:
     """Expected cost of a VIA-SD round that drafts gamma tokens.
 
     Slim signal: the slim pass sorts every draft; a round with a tier-C draft then runs the full pass,
     resuming from the slim pass's shared sub-layers. Draft signal: a round with a tier-C draft runs the full
-    pass alone; one with tier B and no tier C runs the slim pass; one all in tier A runs no verifier."""
+    pass alone; one with tier B and no tier C runs the slim pass; one all in tier A runs no verifier.
+    The full pass reads the drafts and the tokens it lags behind (`rates.lag`: at least the last round's
+    bonus token, which no verifier has read yet)."""
     no_c = (1.0 - rates.escalate) ** gamma
-    rows = gamma + 1 + rates.lag
+    rows = round(gamma + max(rates.lag, 1.0))
     if slim_signal:
-        return gamma * profile.draft(1) + profile.slim(gamma + 1) + (1.0 - no_c) * profile.resume(round(rows))
-    all_a = (1.0 - rates.escalate - rates.slim) ** gamma if rates.escalate + rates.slim < 1 else 0.0
-    slim_only = max(no_c - all_a, 0.0)
-    return gamma * profile.draft(1) + (1.0 - no_c) * profile.verify(round(rows)) + slim_only * profile.slim(gamma + 1)
+        return gamma * profile.draft(1) + profile.slim(gamma + 1) + (1.0 - no_c) * profile.resume(rows)
+    slim_only = max(no_c - all_tier_a(gamma, rates), 0.0)
+    return gamma * profile.draft(1) + (1.0 - no_c) * profile.verify(rows) + slim_only * profile.slim(gamma + 1)
+
+
+def via_round_tokens(gamma: int, rates: "Rates", slim_signal: bool) -> float:
+    """Expected tokens a VIA-SD round emits: a verifier's bonus token comes only from a round that ran one, so
+    under the draft signal a round all in tier A emits its gamma drafts and nothing more."""
+    if slim_signal:
+        return expected_emitted(rates.alpha, gamma)
+    all_a = all_tier_a(gamma, rates)
+    return all_a * gamma + (1.0 - all_a) * expected_emitted(rates.alpha, gamma)
 
 
 @dataclass
 class Rates:
     """Running estimates a run learns round by round: per-draft acceptance, the shares of drafts sorted into
-    tier C (escalate) and tier B (slim), and how far the full verifier lags behind (tokens it catches up on).
-    Starts from a prior worth `prior` drafts (acceptance 0.7, no escalation)."""
+    tier C (escalate) and tier B (slim), and how far the full verifier lags behind (tokens past the prompt it
+    catches up on before the round's drafts; the prompt is read in a call of its own). Starts from a prior worth
+    ten drafts (acceptance 0.7, no escalation) and a lag of one token (the last round's bonus)."""
 
     kept: float = 7.0
     trials: float = 10.0
     to_full: float = 0.0
     to_slim: float = 0.0
     sorted: float = 10.0
-    lag: float = 0.0
+    lag: float = 1.0
 
     @property
     def alpha(self) -> float:
@@ -251,8 +267,10 @@ def best_gamma(profile: CostProfile, method: str, rates: Rates, slim_signal: boo
     """The draft length that maximises predicted tokens per millisecond (ties: the shorter round)."""
     best, best_rate = 1, -1.0
     for g in range(1, max(limit, 1) + 1):
-        cost = sd_round_ms(profile, g) if method == "sd" else via_round_ms(profile, g, rates, slim_signal)
-        rate = expected_emitted(rates.alpha, g) / cost
+        if method == "sd":
+            rate = expected_emitted(rates.alpha, g) / sd_round_ms(profile, g)
+        else:
+            rate = via_round_tokens(g, rates, slim_signal) / via_round_ms(profile, g, rates, slim_signal)
         if rate > best_rate * (1 + 1e-9):
             best, best_rate = g, rate
     return best

@@ -314,7 +314,8 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         rnd = Round(gamma=dec.gamma(remaining))
         if method == "via" and config.max_unverified and unverified >= config.max_unverified:
             rnd.forced_by = "max_unverified"
-        lag = len(seq) - dec.full.seen  # tokens the full verifier has yet to catch up on
+        # tokens past the prompt the full verifier has yet to catch up on (it reads the prompt in a call of its own)
+        lag = len(seq) - max(dec.full.seen, len(prompt_ids))
         drafts, p = dec.draft(seq, rnd.gamma, rnd)
         rnd.candidates = candidates(drafts, p, pair.tokenizer)
         steps = verify(dec, seq, drafts, p, rnd)

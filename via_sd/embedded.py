@@ -9,7 +9,7 @@ fp32's size), one folder per model:
     <cache_root()>/embedded/qwen2.5-coder-0.5b-instruct/   config.json, weights.safetensors,
     <cache_root()>/embedded/qwen2.5-coder-1.5b-instruct/   tokenizer files, READY.json
 
-Every `weights=` setting (fp32, bf16, int4, int8-dyn) is built from these codes at load time
+Every `weights=` setting (fp32, bf16, int4) is built from these codes at load time
 (gguf_pack.build_model); no fp32 copy of the models is written. In int4 the drafter is the cheaper one
 by default: q/k/v and gate/up fused, its head over the most frequent tokens of the shipped list
 (assets/token_freq/qwen2.json); the model's `via_sd_weights` says what it got. A folder counts as ready only

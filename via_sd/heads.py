@@ -7,10 +7,40 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from .int4 import Int4Linear, pack_nibbles, unpack_nibbles
+
+
+@dataclass
+class HeadContext:
+    """One run's context tokens for a FrequentHead: the tokens it was fed that the frequency list lacks, and the
+    head rows that score them. It belongs to the run's drafter cache (cached.CachedModel, lean.LeanDecoder), never
+    to the shared head, so runs on one pair in several threads never see each other's tokens. Fields are
+    replaced, never changed in place: a fork (`dataclasses.replace`) shares nothing that later changes."""
+
+    seen: frozenset = frozenset()
+    ids: torch.Tensor | None = None
+    layer: Int4Linear | None = None
+
+
+# The context of the run whose forward is under way (set by the run's cache around each forward, in its thread).
+RUN_CONTEXT: ContextVar[HeadContext | None] = ContextVar("via_sd_head_context", default=None)
+
+
+@contextmanager
+def using_context(context: HeadContext):
+    """Runs the forwards inside with `context` as the drafter head's context."""
+    token = RUN_CONTEXT.set(context)
+    try:
+        yield
+    finally:
+        RUN_CONTEXT.reset(token)
 
 
 class RescoredHead(nn.Module):
@@ -67,7 +97,8 @@ class FrequentHead(nn.Module):
 
     The context's own tokens join the N (`see`, called by the hook `watch` installs on the drafter): a
     reply echoes words of its prompt (names, rare words) that no frequency list holds; the rows of the
-    tokens seen since the last prompt read are scored by a second, small int4 matmul."""
+    tokens seen since the last prompt read are scored by a second, small int4 matmul. Those tokens are the
+    run's (HeadContext, held by the run's drafter cache), not the head's."""
 
     def __init__(self, head: Int4Linear, ids: torch.Tensor):
         super().__init__()
@@ -75,21 +106,30 @@ class FrequentHead(nn.Module):
         self.vocab = head.out_features
         self.head = head.select_rows(ids)
         self.register_buffer("ids", ids, persistent=False)
-        self.full, self._listed = head, set(ids.tolist())  # the whole head: rows for context tokens
-        self.context, self.context_ids, self._seen = None, None, set()
+        self.full, self._listed = head, frozenset(ids.tolist())  # the whole head: rows for context tokens
+        self.outside_runs = HeadContext()  # the context of forwards run outside a run's cache (direct calls)
+
+    def active(self) -> HeadContext:
+        """The context of the forward under way: its run's (RUN_CONTEXT), else the one for direct calls."""
+        return RUN_CONTEXT.get() or self.outside_runs
+
+    @property
+    def context_ids(self) -> torch.Tensor | None:
+        return self.active().ids
 
     def see(self, input_ids: torch.Tensor, new_sequence: bool) -> None:
         """Tokens fed to the drafter that the list lacks join the head (forgotten at a new prompt)."""
+        context = self.active()
+        seen = frozenset() if new_sequence else context.seen
+        new = set(input_ids.reshape(-1).tolist()) - self._listed - seen
         if new_sequence:
-            self.context, self.context_ids, self._seen = None, None, set()
-        new = set(input_ids.reshape(-1).tolist()) - self._listed - self._seen
+            context.seen, context.ids, context.layer = seen, None, None
         if not new:
             return
-        self._seen |= new
-        ids = sorted(self._seen)
+        ids = sorted(seen | new)
         ids += ids[:1] * (-len(ids) % 16)  # the kernel takes multiples of 16 rows; a repeat scores the same
-        self.context_ids = torch.tensor(ids)
-        self.context = self.full.select_rows(self.context_ids)
+        context.seen, context.ids = seen | new, torch.tensor(ids)
+        context.layer = self.full.select_rows(context.ids)
 
     def watch(self, model: nn.Module):
         """Feeds `see` with every input of `model` (a prompt read, i.e. an empty cache, starts afresh)."""
@@ -113,8 +153,9 @@ class FrequentHead(nn.Module):
         small = self.head(h)
         out = torch.full((*small.shape[:-1], self.vocab), torch.finfo(small.dtype).min, dtype=small.dtype)
         out.index_copy_(-1, self.ids, small)
-        if self.context is not None:
-            out.index_copy_(-1, self.context_ids, self.context(h))
+        context = self.active()
+        if context.layer is not None:
+            out.index_copy_(-1, context.ids, context.layer(h))
         return out
 
     def extra_repr(self) -> str:

@@ -3,9 +3,9 @@
 `Int4Linear`: group-wise int4 weights (groups of 32 along the input dimension,
 w = (q - 8) * scale + zero, gpt-fast's layout), run by `_weight_int4pack_mm_for_cpu` on bf16
 activations; every output row and column is computed on its own, so stacking output features (fused.py)
-or rows changes no bit. From `dense_from` rows on (kernels.py), and never in a pass that extends a cache,
-it de-quantizes the weight to bf16 once per call and runs bf16 matmuls instead. `Int8Linear`: per-channel int8 for the
-tensors a GGUF keeps at 5-8 bits.
+or rows changes no bit. Every pass, of any row count, takes that kernel: the path is a rule fixed in code
+(`KERNEL_RULE`), never a timing, so a prompt gives the same numbers on every machine with the same torch and
+CPU capability. `Int8Linear`: per-channel int8 for the tensors a GGUF keeps at 5-8 bits.
 """
 
 from __future__ import annotations
@@ -13,11 +13,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .row_attention import EXTENDING
-
 GROUP = 32
 BLOCK_N = 64       # rows per block of the CPU packed layout (checked by _layout_ok)
-MAX_DENSE = 64 << 20  # weights above this many elements never take the de-quantize path (memory: 2 B/weight)
+# Which path a low-bit pass takes, recorded in every trace (models.describe). A de-quantize + bf16 matmul path for
+# long prompt reads, chosen by a timing at set-up, once made a prompt's numbers depend on the machine; measured
+# side by side it was slower than the kernel on both CPU kinds these machines have (BENCHMARKS.md), so it is gone.
+KERNEL_RULE = "torch int4/int8 weight-only kernels at every row count"
+
+
+def kernel_rule() -> str:
+    """The kernel rule and what its numbers depend on: torch's version and the CPU capability it dispatches to."""
+    return f"{KERNEL_RULE} (torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"
 
 
 def int4_available() -> bool:
@@ -82,13 +88,8 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
 
 
 class Int4Linear(nn.Module):
-    """y = x @ W.T + b with W held as group-wise int4 in the layout of torch's CPU int4 kernel.
-
-    `dense_from`: from this many rows on, de-quantize W to bf16 and use bf16 matmuls (None: never), but
-    never in a pass that extends a cache (row_attention.EXTENDING): such a pass keeps the kernel, so it
-    computes bit for bit what one-token steps compute, and only a prompt read can go dense, which every
-    method does alike (AR and SD take the same path for the same prompt).
-    """
+    """y = x @ W.T + b with W held as group-wise int4 in the layout of torch's CPU int4 kernel, which computes
+    every row on its own: a pass over k rows gives each row the bits a one-row pass gives it."""
 
     def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias=None, group: int = GROUP):
         super().__init__()
@@ -99,8 +100,6 @@ class Int4Linear(nn.Module):
         self.packed = nn.Parameter(packed, requires_grad=False)
         self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2], the kernel's layout
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
-        self.dense_from: int | None = None
-        self._block_scales = None
 
     @classmethod
     def from_codes(cls, chunks, bias=None) -> "Int4Linear":
@@ -150,26 +149,6 @@ class Int4Linear(nn.Module):
         """The packed codes (callers read .device / .dtype off a module's `weight`)."""
         return self.packed
 
-    def can_dequantize(self) -> bool:
-        return self.out_features % BLOCK_N == 0 and self.out_features * self.in_features <= MAX_DENSE and _layout_ok()
-
-    def _blocks(self) -> torch.Tensor:
-        """W.T as bf16 blocks [N / 64, K, 64], straight from the packed layout (q * scale + (zero - 8 scale))."""
-        n, k, g = self.out_features, self.in_features, self.group
-        nb = n // BLOCK_N
-        if self._block_scales is None:  # the scales regrouped per block, made on first use
-            sz = self.scales_and_zeros.float()
-            shift = sz[..., 1] - 8 * sz[..., 0]
-            self._block_scales = [t.to(torch.bfloat16).reshape(k // g, nb, BLOCK_N).permute(1, 0, 2).contiguous()[:, :, None]
-                                  for t in (sz[..., 0], shift)]
-        packed = self.packed.view(nb, k, BLOCK_N // 2)
-        q = torch.empty(nb, k, BLOCK_N, dtype=torch.uint8)
-        torch.bitwise_and(packed, 15, out=q[..., :BLOCK_N // 2])
-        torch.bitwise_right_shift(packed, 4, out=q[..., BLOCK_N // 2:])
-        w = q.to(torch.bfloat16).view(nb, k // g, g, BLOCK_N)
-        scale, shift = self._block_scales
-        return w.mul_(scale).add_(shift).view(nb, k, BLOCK_N)
-
     def dequantize(self) -> torch.Tensor:
         """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros)."""
         n, k = self.out_features, self.in_features
@@ -180,18 +159,13 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         x = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        if self.dense_from is not None and x.shape[0] >= self.dense_from and not EXTENDING.get():
-            # many rows: de-quantize to bf16 blocks once, then bf16 matmuls (oneDNN) over the blocks
-            y = torch.matmul(x, self._blocks()).permute(1, 0, 2).reshape(x.shape[0], self.out_features).float()
-        else:
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros).float()
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros).float()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, " \
-               f"dense_from={self.dense_from}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
 
 
 def int8_shape_ok(out_features: int, in_features: int) -> bool:

@@ -22,12 +22,14 @@ dispatched by accelerate hooks) and CachedModel for anything else.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from .cached import CachedModel
 from .fused import FusedPart
+from .heads import HeadContext, using_context
 from .row_attention import extending
 
 ARCHITECTURES = ("llama", "qwen2")
@@ -94,6 +96,7 @@ class LeanDecoder:
         self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
         self.values: list[torch.Tensor] = []
         self.seen = 0
+        self.head_context = HeadContext()  # this run's context tokens for a frequency-ranked head
 
     @torch.inference_mode()
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
@@ -101,12 +104,13 @@ class LeanDecoder:
         self.rollback(upto - keep)  # a position asked for again is fed again
         start = self.seen
         ids = torch.tensor([seq[start:upto]], device=self.input_device)
-        if hasattr(self.head, "see"):  # a frequency-ranked head learns the context's tokens (heads.FrequentHead)
-            self.head.see(ids, start == 0)
-        with extending(start > 0):
+        with using_context(self.head_context), extending(start > 0):
+            if hasattr(self.head, "see"):  # a frequency-ranked head learns the context's tokens (heads.FrequentHead)
+                self.head.see(ids, start == 0)
             hidden = self._forward(ids, start)
+            logits = self.head(_rms(self.norm, hidden[:, -keep:]))
         self.seen = upto
-        return self.head(_rms(self.norm, hidden[:, -keep:]))[0, :, : self.vocab_size].to(self.output_device)
+        return logits[0, :, : self.vocab_size].to(self.output_device)
 
     def rollback(self, length: int) -> None:
         """Forgets every cached token past `length` (the buffers' rows past it are written over later)."""
@@ -117,6 +121,7 @@ class LeanDecoder:
         """A copy with cache buffers of its own (the same model): a run starts from a cached opening (opening.py)."""
         twin = copy.copy(self)
         twin.keys, twin.values = [t.clone() for t in self.keys], [t.clone() for t in self.values]
+        twin.head_context = replace(self.head_context)
         return twin
 
     def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:

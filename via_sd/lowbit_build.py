@@ -19,8 +19,6 @@ from .fused import fuse_linears
 from .gguf_codes import dequantize_codes
 from .heads import FrequentHead, LowbitEmbedding, RescoredHead
 from .int4 import GROUP, Int4Linear, Int8Linear, int4_shape_ok, int8_shape_ok, quantize_int4
-from .kernels import choose_kernels
-from .lowbit import to_int8_dynamic
 
 # the drafter head's tokens: c 0.373 (N 32768: 0.367, 65536: 0.41; whole head 0.439), 0.951 of the
 # verifier's greedy tokens in it (32768: 0.909); scripts/weights_passes.py --drafter, build_token_freq.py --coverage
@@ -76,7 +74,7 @@ def _malloc_trim():
 def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: bool = True, fuse: bool | None = None,
                 frequent: int | None = FREQUENT):
     """A transformers causal LM from codes / float tensors, in the requested weights setting,
-    one tensor at a time (the whole float model exists only for fp32 / bf16 / int8-dyn).
+    one tensor at a time (the whole float model exists only for fp32 / bf16).
 
     int4: 4-bit tensors (group 32) keep their codes in the int4 kernel's layout; float tensors are
     quantized to int4. With `exact_top1` (a verifier: its top-1 is the output) tensors stored at 5-8
@@ -177,11 +175,8 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
         if buf.is_meta:
             raise RuntimeError(f"buffer {name} was not initialised")
     model.eval()
-    if weights == "int8-dyn":
-        to_int8_dynamic(model)
-    elif weights == "int4":
+    if weights == "int4":
         _narrow_and_fuse(model, not exact_top1 if fuse is None else fuse, None if exact_top1 else frequent)
-        choose_kernels(model)
     release_freed_memory()
     return model
 

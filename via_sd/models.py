@@ -1,7 +1,7 @@
 """Load a drafter / verifier pair: presets, hub ids, local folders, GGUF files.
 
 `weights=` picks the precision (lowbit.py): "auto" is int4 on CPU and bf16 on CUDA; "fp32",
-"bf16", "int4" and "int8-dyn" work with every source. A verifier is spread over several GPUs with
+"bf16" and "int4" work with every source. A verifier is spread over several GPUs with
 accelerate's `device_map="auto"`. Remote code is never trusted. The slim verifier is a routed view of the
 verifier (see routing.py), so a pair holds two sets of weights, not three.
 """
@@ -53,7 +53,7 @@ class ModelPair:
     verifier_name: str
     device: torch.device
     dtype: torch.dtype
-    weights: str = "fp32"                # the resolved setting: fp32 | bf16 | int4 | int8-dyn
+    weights: str = "fp32"                # the resolved setting: fp32 | bf16 | int4
     weights_requested: str | None = None  # what the caller asked for ("auto" when chosen for them)
     # the chat template's opening, read once into each kind of cache a run starts from (via_sd.opening); one
     # object for the pair and its copies (dataclasses.replace: the app's per-run views with another route)
@@ -92,7 +92,19 @@ class ModelPair:
                 "skipped": list(self.route.skip), "skip_fraction": self.route.skip_fraction,
                 "weights": self.weights, "weights_requested": self.weights_requested or self.weights,
                 "drafter_weights": getattr(self.drafter, "via_sd_weights", self.weights),
-                "verifier_weights": getattr(self.verifier, "via_sd_weights", self.weights)}
+                "verifier_weights": getattr(self.verifier, "via_sd_weights", self.weights),
+                "kernels": self.kernels()}
+
+    def kernels(self) -> str:
+        """The rule that picks each pass's matmul path, and what its numbers depend on (two traces that differ can
+        be told apart): int4's fixed kernel rule on CPU, else the dtype's matmuls on this device."""
+        from .int4 import kernel_rule
+
+        if self.weights == "int4":
+            return kernel_rule()
+        where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" \
+            else torch.backends.cpu.get_cpu_capability()
+        return f"torch {str(self.dtype).replace('torch.', '')} matmuls (torch {torch.__version__}, {where})"
 
     @property
     def costs(self):
@@ -187,7 +199,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
 
     `route`: a shipped route name, a JSON path, a list like ["attn.7", "mlp.12"], or "none".
     `weights`: "auto" (int4 on CPU, bf16 on CUDA; fp32 for the tiny "random" pair), "fp32", "bf16",
-    "int4" or "int8-dyn" (see lowbit.py).
+    or "int4" (see lowbit.py). `device`: "cpu", "cuda" (an error when torch sees no CUDA device) or a torch.device.
     """
     from .lowbit import apply_weights, resolve_weights
 
@@ -200,14 +212,21 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     if not drafter or not verifier:
         raise ValueError("name a preset, or both a drafter and a verifier (hub id, folder or .gguf file)")
     device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} was asked for, but this torch build sees no CUDA device "
+                         f"(torch {torch.__version__}): leave device unset or use 'cpu'")
     requested = weights or "auto"
     if drafter.startswith("random:"):  # mechanics only: auto keeps the tiny models in fp32
-        weights = resolve_weights("fp32" if requested == "auto" else requested, "cpu")
+        weights = resolve_weights("fp32" if requested == "auto" else requested, device)
         pair = tiny_random_pair(route=route)
         if weights != "fp32":
             apply_weights(pair.drafter, weights)
             apply_weights(pair.verifier, weights)
             pair.dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+        if device.type != "cpu":
+            pair.drafter.to(device)
+            pair.verifier.to(device)
+            pair.device = device
         _batch_invariant(pair.verifier, weights)
         pair.weights, pair.weights_requested = weights, requested
         return pair

@@ -15,8 +15,11 @@ every prompt whole, for comparison.
 
 from __future__ import annotations
 
+import threading
+
 import torch
 
+from .heads import using_context
 from .row_attention import reading_prompt
 
 SENTINEL = "\x00via-sd\x00"  # a user message no template rewrites: the opening is the text before it
@@ -53,6 +56,7 @@ class Openings:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.read: dict = {}  # key -> a cache that has read the opening (forked, never fed itself)
+        self._lock = threading.Lock()
 
     @property
     def ids(self) -> list[int]:
@@ -70,13 +74,15 @@ class Openings:
         n = shared_length(self.ids, prompt_ids)
         if n == 0:
             return fresh()
-        if key not in self.read:
-            self.read[key] = self._read_opening(fresh())
+        with self._lock:  # two runs starting at once read the opening once
+            if key not in self.read:
+                self.read[key] = self._read_opening(fresh())
         model = self.read[key].fork()
         model.rollback(n)
         see = getattr(getattr(module, "lm_head", None), "see", None)
-        if see is not None:  # the drafter's narrowed head: the context of this run, not of the last one
-            see(torch.tensor([self.ids[:n]]), True)
+        if see is not None:  # the drafter's narrowed head: this run's context starts from the opening's tokens
+            with using_context(model.head_context):
+                see(torch.tensor([self.ids[:n]]), True)
         return model
 
     def _read_opening(self, model):

@@ -42,6 +42,7 @@ ANCHOR_REPEATS = 3
 # rows measured; the others are interpolated (torch's CPU int4 kernel steps every 4 rows: 5, 9, 13, 17)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
+_MEASURED: dict = {}  # profile file -> the profile this process holds for it: per-run copies of a pair share it
 
 
 def device_name(device) -> str:
@@ -82,15 +83,18 @@ def profile_for(pair, refresh: bool = False, progress=None) -> CostProfile:
     key = profile_key(pair)
     path = profile_path(key)
     with _lock:
+        if not refresh and path in _MEASURED:  # this process measured or read it (a read-only cache too)
+            return _MEASURED[path]
         if not refresh and path.exists():
             try:
                 profile = CostProfile.from_dict(json.loads(path.read_text()))
                 if profile.key == key:
+                    _MEASURED[path] = profile
                     return profile
                 log.warning("cost profile %s was measured for another setting: measuring again", path)
             except (OSError, ValueError) as err:
                 log.warning("cost profile %s is unreadable (%s): measuring again", path, str(err)[:80])
-        profile = measure(pair, key, progress)
+        profile = _MEASURED[path] = measure(pair, key, progress)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(".tmp")

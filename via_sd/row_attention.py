@@ -19,6 +19,7 @@ position over the same keys; a mask that lets every key through is passed as Non
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -28,9 +29,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 NAME = "via_sd_rows"
-# True while a forward extends a KV cache (a verification pass or a catch-up; not the prompt read). Low-bit
-# linears read it: a kernel chosen by row count (lowbit's measured `dense_from`) would make a long pass differ
-# from its one-token steps, so a pass that extends a cache keeps the per-row kernel whatever its length.
+# True while a forward extends a KV cache (a verification pass or a catch-up; not the prompt read): such a pass
+# attends one query row at a time, as its one-token steps do.
 EXTENDING: ContextVar[bool] = ContextVar("via_sd_extending", default=False)
 # True while a prompt is read after a cached opening (opening.py): that pass extends a cache but matches no steps
 # (every method reads the same rest of the same prompt in a call of its own), so it reads as a prompt read does.
@@ -99,19 +99,30 @@ def use_row_attention(model) -> bool:
     return True
 
 
-def _mark_extending_passes(model) -> None:
-    """Sets EXTENDING around every forward of `model` that is given a non-empty cache (hooks added once)."""
-    if getattr(model, "_via_sd_extending", None) is not None:
-        return
-    model._via_sd_extending = []  # the tokens to reset, innermost last
+_MARKS = threading.local()  # per thread: the EXTENDING tokens to reset, innermost last (a run's, not the model's)
 
-    def before(module, _args, kwargs):
+
+def _marks() -> list:
+    if not hasattr(_MARKS, "tokens"):
+        _MARKS.tokens = []
+    return _MARKS.tokens
+
+
+def _mark_extending_passes(model) -> None:
+    """Sets EXTENDING around every forward of `model` that is given a non-empty cache (hooks added once). A forward
+    runs in one thread from start to end, so each thread keeps its own stack: runs in several threads on one model
+    never reset each other's marks."""
+    if getattr(model, "_via_sd_marks_extending", False):
+        return
+    model._via_sd_marks_extending = True
+
+    def before(_module, _args, kwargs):
         cache = kwargs.get("past_key_values")
         extends = cache is not None and cache.get_seq_length() > 0 and not READING_PROMPT.get()
-        module._via_sd_extending.append(EXTENDING.set(extends))
+        _marks().append(EXTENDING.set(extends))
 
-    def after(module, _args, _kwargs, _output):
-        EXTENDING.reset(module._via_sd_extending.pop())
+    def after(_module, _args, _kwargs, _output):
+        EXTENDING.reset(_marks().pop())
 
     model.register_forward_pre_hook(before, with_kwargs=True)
     model.register_forward_hook(after, with_kwargs=True, always_call=True)

@@ -32,14 +32,16 @@ def markdown(result: dict) -> str:
                 row.append(_f(median_ratio([r for r in result["runs"] if r["task"] == t], "sd", "hf"), "{:.2f}×"))
             lines.append(f"| {t} | " + " | ".join(row) + " |")
         lines.append("")
-    if any(s[m]["all"]["acceptance_by_position"] for m in methods):
+    positions = max((len(s[m]["all"]["acceptance_by_position"] or []) for m in methods), default=0)
+    if positions:  # as many columns as the longest round drafted (gamma may be "auto")
         lines += ["Per-position acceptance (share of drafts at position k kept):", "",
-                  "| method | " + " | ".join(f"k={k}" for k in range(1, cfg["gamma"] + 1)) + " |",
-                  "|---|" + "---|" * cfg["gamma"]]
+                  "| method | " + " | ".join(f"k={k}" for k in range(1, positions + 1)) + " |",
+                  "|---|" + "---|" * positions]
         for m in methods:
             acc = s[m]["all"]["acceptance_by_position"]
             if acc and any(v is not None for v in acc):
-                lines.append(f"| {NAMES[m]} | " + " | ".join(_f(v) for v in acc) + " |")
+                cells = [_f(v) for v in acc] + ["–"] * (positions - len(acc))
+                lines.append(f"| {NAMES[m]} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += [*_time_md(result), ""]
     if result.get("projection"):

@@ -13,7 +13,7 @@ def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--route", help="slim verifier route: shipped name, .json file, 'none', or attn.7,mlp.12")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
     parser.add_argument("--weights", default="auto",
-                        help="auto (int4 on CPU, bf16 on CUDA), fp32, bf16, int4 or int8-dyn (bench: a comma list)")
+                        help="auto (int4 on CPU, bf16 on CUDA), fp32, bf16 or int4 (bench: a comma list)")
 
 
 def add_decode_arguments(parser: argparse.ArgumentParser) -> None:

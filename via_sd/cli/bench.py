@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     p.add_argument("--signals", help="sweep these signals (default: slim,draft)")
     p.add_argument("--routes", nargs="+", help="sweep these slim routes (names, .json files or attn.3,attn.4 lists)")
     p.add_argument("--gpu-costs", help="forward costs from scripts/gpu_check.py: add a projected speed-up")
-    p.add_argument("--json", help="write every run and the summary to this file")
+    p.add_argument("--json", help="write every run and the summary to this file, before any table is formatted "
+                   "(default: bench-<date>-<time>.json here)")
     p.add_argument("--markdown", help="also write the markdown table to this file")
     p.set_defaults(run=cmd_bench)
 
@@ -50,19 +51,28 @@ def cmd_bench(args) -> int:
                            escalate=grid.get("escalate", [th.escalate]), signals=signals,
                            routes=[parse_route(r) for r in args.routes] if args.routes else None,
                            repeats=args.repeats, warmup=args.warmup, progress=print_progress)
-        text = markdown_sweep(result)
     else:
         result = run_bench(pair, prompts, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
                            config=config, repeats=args.repeats, warmup=args.warmup, fidelity=not args.no_fidelity,
                            progress=print_progress)
         if costs:
             result["projection"] = project(result, costs)
-        text = markdown(result)
+    return _report(args, result, started, markdown_sweep if args.sweep or args.routes else markdown)
+
+
+def _report(args, result: dict, started: float, formatter) -> int:
+    """Writes every measured run as JSON first, then formats the tables: a report that fails loses no run."""
     result["elapsed_s"] = time.time() - started
     result["command"] = "python -m via_sd " + " ".join(sys.argv[1:])
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
-        print(f"results written to {args.json}", file=sys.stderr)
+    path = args.json or f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"  # never only in memory
+    Path(path).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    print(f"results written to {path}", file=sys.stderr)
+    try:
+        text = formatter(result)
+    except Exception as err:  # the runs are on disk: say where, and fail
+        print(f"the report could not be formatted ({type(err).__name__}: {err}); every run is in {path}",
+              file=sys.stderr)
+        return 1
     if args.markdown:
         Path(args.markdown).write_text(text + "\n", encoding="utf-8")
     print(text)
@@ -78,12 +88,4 @@ def _bench_weights(args, prompts, config) -> int:
     started = time.time()
     result = run_weights_bench(pairs, prompts, methods=methods, config=config, repeats=args.repeats,
                                warmup=args.warmup, progress=print_progress)
-    result["elapsed_s"] = time.time() - started
-    result["command"] = "python -m via_sd " + " ".join(sys.argv[1:])
-    text = markdown_weights(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
-    if args.markdown:
-        Path(args.markdown).write_text(text + "\n", encoding="utf-8")
-    print(text)
-    return 0
+    return _report(args, result, started, markdown_weights)

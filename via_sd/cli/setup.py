@@ -15,11 +15,10 @@ def cmd_setup(args) -> int:
     print(f"embedded pair ready:\n  drafter  {drafter_dir}\n  verifier {verifier_dir}")
     from ..lowbit import int4_available
 
-    if int4_available():  # measure once which int4 shapes run faster de-quantized (kept in lowbit-kernels.json)
+    if int4_available():
         from .. import load_pair
 
         pair = load_pair("embedded", weights="int4")
-        print("int4 kernel choices measured")
         from ..profile import profile_for
         from .args import print_progress
 
