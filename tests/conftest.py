@@ -1,11 +1,41 @@
 """Shared fixtures: tiny random models for mechanics, the embedded real pair for integration."""
 
+import atexit
+import json
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
+
+def _session_cache() -> Path:
+    """A cache for this test session holding only what the set-up made (`python -m via_sd setup`: the embedded pair,
+    linked, and the cost profile it measured, copied), never what an earlier test run measured or searched: so a
+    session on a machine that ran the tests before behaves as on a fresh one."""
+    from via_sd.cli.setup import SETUP_RECORD
+    from via_sd.paths import cache_root
+
+    built, session = cache_root(), Path(tempfile.mkdtemp(prefix="via-sd-tests-"))
+    atexit.register(shutil.rmtree, session, ignore_errors=True)
+    if (built / "embedded").is_dir():
+        (session / "embedded").symlink_to(built / "embedded", target_is_directory=True)
+    try:
+        profiles = json.loads((built / SETUP_RECORD).read_text())["profiles"]
+    except (OSError, ValueError, KeyError):
+        profiles = []  # no set-up record: embedded tests measure the profile themselves
+    for name in profiles:
+        if (built / "profiles" / name).is_file():
+            (session / "profiles").mkdir(exist_ok=True)
+            shutil.copy(built / "profiles" / name, session / "profiles" / name)
+    return session
+
+
+os.environ["VIA_SD_CACHE"] = str(_session_cache())
 
 import torch  # noqa: E402
 

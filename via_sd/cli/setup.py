@@ -8,6 +8,19 @@ def add_parser(sub) -> None:
     setup.set_defaults(run=cmd_setup)
 
 
+SETUP_RECORD = "setup.json"  # what the set-up left in the cache (the test session starts from it, nothing else)
+
+
+def record_setup(profile) -> None:
+    """Names the profile the set-up measured, so a test session can start from exactly the set-up's cache."""
+    import json
+
+    from ..paths import cache_root
+
+    (cache_root() / SETUP_RECORD).write_text(json.dumps({"profiles": [profile.name]}) + "\n")
+    (cache_root() / "lowbit-kernels.json").unlink(missing_ok=True)  # an older version's timed kernel table
+
+
 def cmd_setup(args) -> int:
     from ..embedded import embedded_model_dirs
 
@@ -19,9 +32,10 @@ def cmd_setup(args) -> int:
         from .. import load_pair
 
         pair = load_pair("embedded", weights="int4")
-        from ..profile import profile_for
+        from ..profile import profile_for, profile_path
         from .args import print_progress
 
-        profile_for(pair, progress=print_progress)  # what a round costs here: gamma="auto" and predictions use it
+        profile = profile_for(pair, progress=print_progress)  # what a round costs here: gamma="auto" uses it
+        record_setup(profile_path(profile.key))
         print("cost profile measured (python -m via_sd profile prints it)")
     return 0
