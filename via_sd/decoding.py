@@ -33,7 +33,7 @@ from .lean import drafter_cache
 from .config import DecodeConfig
 from .costs import Rates, best_gamma, call_ms
 from .models import ModelPair
-from .plan import force_verification, plan_round
+from .plan import force_verification, plan_round, slim_sorts, unverified_run
 from .progressive import ProgressiveVerifier
 from .text import TokenText
 from .plan import DRAFT, FULL, SLIM, tier_of
@@ -81,8 +81,7 @@ class Decoder:
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
         self.profile = pair.costs if config.auto_gamma and method != "ar" else None
         self.rates = Rates()
-        th = config.thresholds
-        self.slim_sorts = method == "via" and th.signal == "slim" and th.fixed_tier is None
+        self.slim_sorts = slim_sorts(method, config.thresholds)
 
     def gamma(self, remaining: int) -> int:
         """This round's draft length: fixed, or the one the cost profile predicts is fastest now."""
@@ -258,6 +257,94 @@ class Event:
     candidates: list
 
 
+class Run:
+    """One decode in progress: its decoder, the growing trace and the clock (time a consumer holds an event is not
+    decoding time)."""
+
+    def __init__(self, pair: ModelPair, prompt: str, method: str, config: DecodeConfig):
+        self.prompt_ids = pair.encode(prompt, chat=config.chat)
+        limit = getattr(pair.verifier.config, "max_position_embeddings", None) or 32768
+        if len(self.prompt_ids) + config.max_new_tokens + config.longest_round + 1 > limit:
+            raise ValueError(f"the prompt is {len(self.prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
+                             f"it exceeds the verifier's context of {limit} tokens: shorten the prompt")
+        self.pair, self.method, self.config = pair, method, config
+        self.profile = pair.costs  # measured once per machine and pair (via_sd.profile), then read from the cache
+        self.clock = Clock(pair.drafter.device)
+        self.dec = Decoder(pair, config, self.clock, method, self.prompt_ids)  # reads the chat opening once per pair
+        self.trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
+                           dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict(),
+                           costs=self.profile.to_dict())
+        self.text, self.tally = TokenText(pair.tokenizer), Tally()
+        self.seq = list(self.prompt_ids)
+        self.start, self.paused = self.clock.ms(), 0.0
+        self.unverified = 0  # tokens in a row kept as drafted since a verifier last checked one (max_unverified)
+        self.priced_ms = 0.0  # the recorded forwards priced by the cost profile (predicted_tokens_per_s)
+
+    def hand_over(self, event: Event) -> Iterator[Event]:
+        """Yields `event`; the time the consumer holds it counts as paused, not as decoding."""
+        handed = self.clock.ms()
+        yield event
+        self.paused += self.clock.ms() - handed
+
+    def round(self) -> Iterator[Event]:
+        """One round, as gpt-fast's speculative_decode: draft, let the method's verifier step decide (an event after
+        drafting and after each group of decisions), roll every cache back to what was kept, record. Returns True
+        when the run is over (token budget or end of text)."""
+        dec, trace, k = self.dec, self.trace, len(self.trace.rounds)
+        round_start, paused_before = self.clock.ms(), self.paused
+        remaining = self.config.max_new_tokens - len(trace.tokens)
+        rnd = Round(gamma=dec.gamma(remaining), forced_by=self.forced_by())
+        # tokens past the prompt the full verifier has yet to catch up on (it reads the prompt in a call of its own)
+        lag = len(self.seq) - max(dec.full.seen, len(self.prompt_ids))
+        drafts, p = dec.draft(self.seq, rnd.gamma, rnd)
+        rnd.candidates = candidates(drafts, p, self.pair.tokenizer)
+        steps = VERIFY[self.method](dec, self.seq, drafts, p, rnd)
+        if drafts:
+            yield from self.hand_over(Event("drafts", k, trace, [dict(c) for c in rnd.candidates]))
+        for _ in steps:
+            yield from self.hand_over(Event("decided", k, trace, [dict(c) for c in rnd.candidates]))
+        emitted = until_eos(rnd.emitted[:remaining], self.pair.eos_ids)
+        self.keep(rnd, emitted)
+        dec.learn(rnd, lag)
+        held = self.paused - paused_before
+        record_round(trace, rnd, emitted, self.text, self.tally, round_start - self.start - paused_before,
+                     self.clock.ms() - round_start - held)
+        self.priced_ms += sum(call_ms(self.profile, c) for c in rnd.calls)  # this round's forwards, priced once
+        trace.token_ids, trace.text = self.seq[len(self.prompt_ids):], self.text.text
+        return len(emitted) >= remaining or emitted[-1]["id"] in self.pair.eos_ids
+
+    def forced_by(self) -> str | None:
+        """"max_unverified" when too many tokens in a row were kept with no verifier: this round must verify."""
+        bound = self.config.max_unverified
+        return "max_unverified" if self.method == "via" and bound and self.unverified >= bound else None
+
+    def keep(self, rnd: Round, emitted: list[dict]) -> None:
+        """Every cache rolls back to what all of them may keep; the sequence takes the emitted tokens."""
+        valid = len(self.seq) + min(rnd.kept_drafts, len(emitted))
+        for model in (self.dec.drafter, self.dec.slim, self.dec.full):
+            model.rollback(valid)
+        self.seq.extend(tok["id"] for tok in emitted)
+        self.unverified = unverified_run(self.unverified, emitted)
+        rnd.calls = list(self.dec.calls)
+        self.dec.calls.clear()
+
+    def summary(self, **extra) -> dict:
+        # No separate prefill: each model reads the prompt with its first call of round 0, so prefill_ms is 0.
+        wall = self.clock.ms() - self.start - self.paused
+        predicted = 1000.0 * len(self.trace.tokens) / self.priced_ms if self.priced_ms else 0.0
+        return {**self.tally.summary(0.0, wall), "prompt_tokens": len(self.prompt_ids),
+                "opening_tokens": self.dec.opening, "predicted_tokens_per_s": predicted, **extra}
+
+    def finish(self, stopped: bool) -> Event:
+        """The last event: the text settled, the final summary."""
+        for i, piece in self.text.flush().items():
+            self.trace.tokens[i]["text"] = piece
+        self.trace.text = self.text.text
+        self.trace.summary = self.summary(stopped=stopped)
+        rounds = self.trace.rounds
+        return Event("round", len(rounds) - 1, self.trace, rounds[-1]["candidates"] if rounds else [])
+
+
 def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
                   stop=None) -> Iterator[Event]:
     """Decodes round by round, yielding an Event after drafting, after each tier's decisions and after
@@ -273,86 +360,17 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         raise ValueError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError("the prompt is empty: type some text for the model to continue")
-    prompt_ids = pair.encode(prompt, chat=config.chat)
-    limit = getattr(pair.verifier.config, "max_position_embeddings", None) or 32768
-    if len(prompt_ids) + config.max_new_tokens + config.longest_round + 1 > limit:
-        raise ValueError(f"the prompt is {len(prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
-                         f"exceeds the verifier's context of {limit} tokens: shorten the prompt")
-
-    profile = pair.costs  # measured once per machine and pair (via_sd.profile), then read from the cache
-    clock = Clock(pair.drafter.device)
-    dec = Decoder(pair, config, clock, method, prompt_ids)  # reads the chat opening once per pair (opening.py)
-    verify = VERIFY[method]
-    trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
-                  dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict(), costs=profile.to_dict())
-    text, tally = TokenText(pair.tokenizer), Tally()
-    seq, eos = list(prompt_ids), pair.eos_ids
-    start, paused = clock.ms(), 0.0  # paused: time the consumer held an event
-    unverified = 0  # tokens in a row kept as drafted since a verifier last checked one (max_unverified)
-
-    priced_ms = 0.0  # the recorded forwards priced by the cost profile (predicted_tokens_per_s)
-
-    def summary(**extra) -> dict:
-        wall = clock.ms() - start - paused
-        predicted = 1000.0 * len(trace.tokens) / priced_ms if priced_ms else 0.0
-        return {**tally.summary(prefill_ms, wall), "prompt_tokens": len(prompt_ids),
-                "opening_tokens": dec.opening, "predicted_tokens_per_s": predicted, **extra}
-
-    # No separate prefill: each model reads the prompt (past the chat opening its cache may start with) with its
-    # first call of the first round (the full verifier in a call of its own: cached.Reader), so its time is part
-    # of round 0; prefill_ms stays 0.
-    prefill_ms = 0.0
-    stopped = False
+    run, stopped = Run(pair, prompt, method, config), False
     while True:
         if stop is not None and stop.is_set():
             stopped = True
             break
-        round_start, held = clock.ms(), 0.0  # held: time the consumer kept this round's events
-        round_at = round_start - start - paused
-        k = len(trace.rounds)
-        remaining = config.max_new_tokens - len(trace.tokens)
-        rnd = Round(gamma=dec.gamma(remaining))
-        if method == "via" and config.max_unverified and unverified >= config.max_unverified:
-            rnd.forced_by = "max_unverified"
-        # tokens past the prompt the full verifier has yet to catch up on (it reads the prompt in a call of its own)
-        lag = len(seq) - max(dec.full.seen, len(prompt_ids))
-        drafts, p = dec.draft(seq, rnd.gamma, rnd)
-        rnd.candidates = candidates(drafts, p, pair.tokenizer)
-        steps = verify(dec, seq, drafts, p, rnd)
-        if drafts:
-            handed_over = clock.ms()
-            yield Event("drafts", k, trace, [dict(c) for c in rnd.candidates])
-            held += clock.ms() - handed_over
-        for _ in steps:
-            handed_over = clock.ms()
-            yield Event("decided", k, trace, [dict(c) for c in rnd.candidates])
-            held += clock.ms() - handed_over
-        paused += held
-        emitted = until_eos(rnd.emitted[:remaining], eos)
-        valid = len(seq) + min(rnd.kept_drafts, len(emitted))  # what every cache may keep
-        for model in (dec.drafter, dec.slim, dec.full):
-            model.rollback(valid)
-        seq.extend(tok["id"] for tok in emitted)
-        for tok in emitted:  # a bonus token is no check of anything: it leaves the count as it is
-            if tok["outcome"] != "bonus" or tok["tier"] == FULL:
-                unverified = unverified + 1 if tok["tier"] == DRAFT else 0
-        rnd.calls = list(dec.calls)
-        dec.calls.clear()
-        dec.learn(rnd, lag)
-        record_round(trace, rnd, emitted, text, tally, round_at, clock.ms() - round_start - held)
-        priced_ms += sum(call_ms(profile, c) for c in rnd.calls)  # this round's forwards, priced once
-        trace.token_ids, trace.text = seq[len(prompt_ids):], text.text
-        if len(emitted) >= remaining or emitted[-1]["id"] in eos:
+        if (yield from run.round()):  # the token budget or end of text
             break
-        trace.summary = summary()
-        handed_over = clock.ms()
-        yield Event("round", k, trace, trace.rounds[-1]["candidates"])
-        paused += clock.ms() - handed_over
-    for i, piece in text.flush().items():
-        trace.tokens[i]["text"] = piece
-    trace.text = text.text
-    trace.summary = summary(stopped=stopped)
-    yield Event("round", len(trace.rounds) - 1, trace, trace.rounds[-1]["candidates"] if trace.rounds else [])
+        run.trace.summary = run.summary()
+        yield from run.hand_over(Event("round", len(run.trace.rounds) - 1, run.trace,
+                                       run.trace.rounds[-1]["candidates"]))
+    yield run.finish(stopped)
 
 
 def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
