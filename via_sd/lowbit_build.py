@@ -88,89 +88,27 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
     most frequent tokens of the shipped list (heads.FrequentHead), when the list fits the model's
     vocabulary; None keeps the whole head. What the model got is in `model.via_sd_weights`."""
     from accelerate import init_empty_weights
-    from torch import nn
     from transformers import AutoModelForCausalLM
-
 
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    dtype = torch.bfloat16 if weights == "bf16" else torch.float32
-    have = entries.keys()
-    head = model.get_output_embeddings()
-
-    def source(name):
-        if name in have:
-            return name
-        if name == "lm_head.weight" and "model.embed_tokens.weight" in have:  # a tied head
-            return "model.embed_tokens.weight"
-        raise KeyError(f"the weights have no {name}")
-
-    def dense(name):
-        name = source(name)
-        w = entries.dequantize(name) if entries.is_codes(name) else entries.float(name)
-        return nn.Parameter(w.to(dtype), requires_grad=False)
-
-    def chunks(name, n):
-        return (entries.dequantize(name, slice(i, i + rows)) for i in range(0, n, rows))
-
-    def int4_chunks(name):
-        codes, scale, offset, info = entries.codes(name)
-        for i in range(0, codes.shape[0], rows):
-            part = slice(i, i + rows)
-            if info["bits"] == 4 and info["group"] == GROUP:  # Q4_K / Q4_0 / Q4_1: the same numbers, re-packed
-                s = scale[part].float()
-                zero = (8 - info["zero"]) * s + (offset[part].float() if offset is not None else 0)
-                yield codes[part], s, zero
-            else:  # 5-, 6-, 8-bit or group 16: re-quantized to 4 bits from the exact values
-                yield quantize_int4(dequantize_codes(codes, scale, offset, info, part))
-
-    def low_bit(module, w, bias):
-        """The int4-setting module for linear `module` with weight tensor `w`, or None (stays float)."""
-        n, k = module.out_features, module.in_features
-        if not entries.is_codes(w):
-            if not int4_shape_ok(n, k):
-                return None
-            return Int4Linear.from_codes((quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, n, rows)), bias)
-        info = entries.meta[w]
-        exact4 = info["bits"] == 4 and info["group"] == GROUP
-        if module is head and exact_top1 and int4_shape_ok(n, k):
-            return RescoredHead(Int4Linear.from_codes(int4_chunks(w), bias), entries.exact_rows(w))
-        if (exact4 or not exact_top1) and int4_shape_ok(n, k):
-            return Int4Linear.from_codes(int4_chunks(w), bias)
-        if int8_shape_ok(n, k):
-            return Int8Linear.from_float(chunks(w, n), bias)
-        return None
-
+    build = _Builder(entries, weights, rows, exact_top1, model.get_output_embeddings())
     since_trim = 0  # weights converted since freed memory was last handed back
     for name, module in list(model.named_modules()):
         parent, _, child = name.rpartition(".")
         holder = model.get_submodule(parent) if parent else model
-        if isinstance(module, nn.Linear):
+        if isinstance(module, torch.nn.Linear):
             since_trim += module.in_features * module.out_features
             if since_trim > TRIM_EVERY:  # the temporaries so far, before the next tensor's
                 release_freed_memory()
                 since_trim = 0
-            w = source(f"{name}.weight")
-            bias = entries.float(f"{name}.bias") if module.bias is not None else None
-            new = low_bit(module, w, bias) if weights == "int4" else None
-            if new is not None:
-                setattr(holder, child, new)
-            else:
-                module.weight = dense(w)
-                if bias is not None:
-                    module.bias = nn.Parameter(bias.to(dtype), requires_grad=False)
-        elif isinstance(module, nn.Embedding):
-            w = source(f"{name}.weight")
-            if weights == "int4" and entries.is_codes(w):
-                codes, scale, offset, info = entries.codes(w, unpack=False)
-                setattr(holder, child, LowbitEmbedding(codes, scale, offset, info["zero"], info["group"],
-                                                       module.padding_idx, packed=info["packed"]))
-            else:
-                module.weight = dense(w)
+            build.linear(holder, child, name, module)
+        elif isinstance(module, torch.nn.Embedding):
+            build.embedding(holder, child, name, module)
     for name, param in list(model.named_parameters()):
         if param.is_meta:  # norms and anything else: plain float tensors
             parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent), child, dense(name))
+            setattr(model.get_submodule(parent), child, build.dense(name))
     for name, buf in model.named_buffers():
         if buf.is_meta:
             raise RuntimeError(f"buffer {name} was not initialised")
@@ -179,6 +117,78 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
         _narrow_and_fuse(model, not exact_top1 if fuse is None else fuse, None if exact_top1 else frequent)
     release_freed_memory()
     return model
+
+
+class _Builder:
+    """Turns one stored tensor at a time into the module of a `weights` setting (build_model's steps)."""
+
+    def __init__(self, entries, weights: str, rows: int, exact_top1: bool, head):
+        self.entries, self.weights, self.rows, self.exact_top1, self.head = entries, weights, rows, exact_top1, head
+        self.dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+
+    def source(self, name: str) -> str:
+        have = self.entries.keys()
+        if name in have:
+            return name
+        if name == "lm_head.weight" and "model.embed_tokens.weight" in have:  # a tied head
+            return "model.embed_tokens.weight"
+        raise KeyError(f"the weights have no {name}")
+
+    def dense(self, name: str) -> torch.nn.Parameter:
+        name, entries = self.source(name), self.entries
+        w = entries.dequantize(name) if entries.is_codes(name) else entries.float(name)
+        return torch.nn.Parameter(w.to(self.dtype), requires_grad=False)
+
+    def linear(self, holder, child: str, name: str, module) -> None:
+        """The linear `name` in this setting: a low-bit module, or its float weight (and bias) filled in."""
+        w = self.source(f"{name}.weight")
+        bias = self.entries.float(f"{name}.bias") if module.bias is not None else None
+        new = self.low_bit(module, w, bias) if self.weights == "int4" else None
+        if new is not None:
+            setattr(holder, child, new)
+            return
+        module.weight = self.dense(w)
+        if bias is not None:
+            module.bias = torch.nn.Parameter(bias.to(self.dtype), requires_grad=False)
+
+    def embedding(self, holder, child: str, name: str, module) -> None:
+        w = self.source(f"{name}.weight")
+        if self.weights == "int4" and self.entries.is_codes(w):
+            codes, scale, offset, info = self.entries.codes(w, unpack=False)
+            setattr(holder, child, LowbitEmbedding(codes, scale, offset, info["zero"], info["group"],
+                                                   module.padding_idx, packed=info["packed"]))
+        else:
+            module.weight = self.dense(w)
+
+    def low_bit(self, module, w: str, bias):
+        """The int4-setting module for linear `module` with weight tensor `w`, or None (stays float)."""
+        n, k, entries, rows = module.out_features, module.in_features, self.entries, self.rows
+        if not entries.is_codes(w):
+            if not int4_shape_ok(n, k):
+                return None
+            return Int4Linear.from_codes((quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, n, rows)), bias)
+        info = entries.meta[w]
+        exact4 = info["bits"] == 4 and info["group"] == GROUP
+        if module is self.head and self.exact_top1 and int4_shape_ok(n, k):
+            return RescoredHead(Int4Linear.from_codes(self.int4_chunks(w), bias), entries.exact_rows(w))
+        if (exact4 or not self.exact_top1) and int4_shape_ok(n, k):
+            return Int4Linear.from_codes(self.int4_chunks(w), bias)
+        if int8_shape_ok(n, k):
+            return Int8Linear.from_float((entries.dequantize(w, slice(i, i + rows)) for i in range(0, n, rows)), bias)
+        return None
+
+    def int4_chunks(self, name: str):
+        """Row chunks of codes, scale and zero in the int4 kernel's numbers: 4-bit codes of group 32 re-packed as
+        they are, anything else (5-, 6-, 8-bit, group 16) re-quantized to 4 bits from the exact values."""
+        codes, scale, offset, info = self.entries.codes(name)
+        for i in range(0, codes.shape[0], self.rows):
+            part = slice(i, i + self.rows)
+            if info["bits"] == 4 and info["group"] == GROUP:
+                s = scale[part].float()
+                zero = (8 - info["zero"]) * s + (offset[part].float() if offset is not None else 0)
+                yield codes[part], s, zero
+            else:
+                yield quantize_int4(dequantize_codes(codes, scale, offset, info, part))
 
 
 def _narrow_and_fuse(model, fuse: bool, frequent: int | None) -> None:
