@@ -12,10 +12,13 @@ Run:  HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python scripts/cost_targets.py [--
 import argparse
 import json
 import statistics
+import sys
+import time
 
 from via_sd import DecodeConfig, Thresholds, generate, load_pair
 from via_sd.costs import acceptance, call_ms, ceiling, predict, reads_prompt, scaled
 from via_sd.fidelity import measure_fidelity
+from via_sd.profile import device_name
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tokens", type=int, default=64)
@@ -24,6 +27,8 @@ parser.add_argument("--json")
 parser.add_argument("--preset", default="embedded")
 parser.add_argument("--repeats", type=int, default=1,
                     help="passes over the prompts (the order rotating on): on a VM whose speed drifts, more pairs")
+parser.add_argument("--record", help="write each preset's held-out speed and agreement here (the app shows them: "
+                    "assets/presets_held_out.json)")
 parser.add_argument("--whole-prompts", action="store_true",
                     help="every setting reads its prompt whole (DecodeConfig(reuse_opening=False)), for comparison")
 args = parser.parse_args()
@@ -131,3 +136,12 @@ print(f"\npaper matches plain SD once a slim pass costs {needed} of a full pass 
 if args.json:
     json.dump([{k: v for k, v in r.items() if k != "trace"} for r in runs] + [{"profile": profile.to_dict()}],
               open(args.json, "w"), indent=1)
+if args.record:  # what the app and the README state for each preset: measured on prompts no threshold was chosen on
+    record = {"date": time.strftime("%Y-%m-%d"), "prompts": args.prompts, "new_tokens": args.tokens,
+              "pairs": len(by("ar")), "command": "python scripts/cost_targets.py " + " ".join(sys.argv[1:]),
+              "machine": device_name(pair.device), "presets": {}}
+    for name in ("paper", "fastest"):
+        rs = list(by(name).values())
+        record["presets"][name] = {"speedup_vs_ar": round(ratio(name, "ar"), 3), "speedup_vs_sd": round(ratio(name, "sd"), 3),
+                                   "agreement": round(statistics.mean(r["agreement"] for r in rs), 3)}
+    open(args.record, "w").write(json.dumps(record, indent=1) + "\n")

@@ -4,7 +4,9 @@ work like a run: Stop ends them (`studio.sessions`)."""
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import gradio as gr
 
@@ -82,10 +84,30 @@ def threshold_preset_choices() -> list[tuple[str, str]]:
     return [(name, name) for name in via_sd.THRESHOLD_PRESETS] + [(CUSTOM, CUSTOM)]
 
 
+HELD_OUT = Path(__file__).resolve().parent.parent / "assets" / "presets_held_out.json"
+
+
+def held_out_results() -> dict:
+    """Each preset's speed and agreement on the held-out prompts, which no threshold was chosen on
+    (scripts/cost_targets.py --record); {} when the file is missing or unreadable."""
+    try:
+        return json.loads(HELD_OUT.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
 def threshold_preset_info() -> str:
-    about = {"paper": "the paper's rule", "fastest": "measured fastest", "lossless": "= plain SD"}
-    return " · ".join(f"{name} ({about.get(name, '')}): {th.signal} {th.accept:.2f}/{th.escalate:.2f}"
+    about = {"paper": "the paper's rule", "fastest": "fastest at ≥ 0.96 agreement on the tuning prompts",
+             "lossless": "= plain SD"}
+    text = " · ".join(f"{name} ({about.get(name, '')}): {th.signal} {th.accept:.2f}/{th.escalate:.2f}"
                       for name, th in via_sd.THRESHOLD_PRESETS.items())
+    held = held_out_results()
+    measured = [f"{name} {r['speedup_vs_ar']:.2f}× AR at agreement {r['agreement']:.3f}"
+                for name, r in held.get("presets", {}).items()]
+    if measured:
+        text += (f". On {held['pairs']} held-out prompts never tuned on ({held['machine']}, {held['date']}): "
+                 + ", ".join(measured) + " (BENCHMARKS.md)")
+    return text
 
 
 def apply_threshold_preset(name):
