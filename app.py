@@ -64,8 +64,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         traces = gr.State({})  # the session's last run: {method: Trace, "ticket", "preset", "fidelity"}
         settled = gr.State({})  # the run the follow-up steps draw (`runs.settle` hands it on after Done)
         run_ticket, sweep_ticket, route_ticket = gr.State(None), gr.State(None), gr.State(None)
-        theme = gr.Textbox(value="light", visible="hidden", elem_id="theme",
-                           label="theme (light or dark: the figures' colors)")
+        theme = gr.Textbox(value="light", visible="hidden", elem_id="theme", label="theme (light or dark)")
 
         with gr.Sidebar(label="Settings", width=340, elem_id="settings"):
             gr.Markdown("### Settings")
@@ -120,19 +119,17 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         gr.HTML(page.legend_row_html(), elem_id="legend", js_on_load=None)
         with gr.Row(equal_height=False):
             via_pane = gr.HTML(page.pane_html(None, "via"), elem_id="via-tokens", container=True, padding=True,
-                               js_on_load=None, label="VIA-SD output, tokens colored by tier (HTML)")
+                               js_on_load=None, label="VIA-SD tokens (HTML)")
             sd_pane = gr.HTML(page.pane_html(None, "sd"), elem_id="sd-tokens", container=True, padding=True,
-                              js_on_load=None, label="plain SD output, tokens colored by tier (HTML)")
+                              js_on_load=None, label="plain SD tokens (HTML)")
             ar_pane = gr.HTML(page.pane_html(None, "ar"), elem_id="ar-tokens", container=True, padding=True,
-                              js_on_load=None, visible=DEFAULTS["with_ar"], label="AR output (HTML)")
-        metrics = gr.HTML(page.metrics_html({}), elem_id="metrics", js_on_load=None,
-                          label="metric cards: tokens/s, speed-ups, rates, full-model calls, fidelity (HTML)")
+                              js_on_load=None, visible=DEFAULTS["with_ar"], label="AR tokens (HTML)")
+        metrics = gr.HTML(page.metrics_html({}), elem_id="metrics", js_on_load=None, label="metric cards (HTML)")
         with gr.Row(equal_height=True, elem_id="race-controls"):
             race = gr.Button("▶ Replay as a race", elem_id="race-replay", scale=0, min_width=220)
             race_speed = gr.Radio([("¼×", 0.25), ("½×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)], value=1.0,
                                   label="race speed (× recorded time)", elem_id="race-speed", scale=1)
-        race_view = gr.HTML(page.RACE_HINT, elem_id="race-view", js_on_load=None,
-                            label="race replay frame: the runs in their recorded time (HTML)")
+        race_view = gr.HTML(page.RACE_HINT, elem_id="race-view", js_on_load=None, label="race frame (HTML)")
 
         with gr.Tabs(elem_id="tabs"):
             with gr.Tab("Why this speed", id="tab-costs"):
@@ -168,8 +165,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                             "to re-run for real when you release a slider.")
                 rerun = gr.Checkbox(False, label="re-run on release", elem_id="rerun-on-release")
                 whatif = gr.HTML(lab.what_if_card({}, DEFAULTS["accept"], DEFAULTS["escalate"], DEFAULTS["signal"]),
-                                 elem_id="whatif", js_on_load=None,
-                                 label="what-if card: the last VIA-SD trace re-tiered, an estimate (HTML)")
+                                 elem_id="whatif", js_on_load=None, label="what-if estimate card (HTML)")
                 whatif_plot = gr.Plot(label="what-if: re-tiered drafts (estimate)", elem_id="whatif-plot",
                                       show_label=False)
                 presets_plot = gr.Plot(label="what-if: threshold presets (estimate)", elem_id="whatif-presets-plot",
@@ -200,19 +196,16 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
                     learn_api_round = gr.Number(1, label="round", precision=None, visible=False)
                     next_round = gr.Button("Next ▶", elem_id="learn-next", scale=0)
                 learn = gr.HTML(views.learn_view({}), elem_id="learn-view", js_on_load=None,
-                                label="learn view: one round's drafts, tiers and decisions explained (HTML)")
+                                label="learn view of one round (HTML)")
 
         # For scripts and MCP clients (`studio.api`): the numbers behind the page as labelled JSON. Not drawn.
         with gr.Column(visible=False, elem_id="api-only"):
             compare_trigger = gr.Button("compare", visible=False)
-            comparison = gr.JSON(label="comparison (JSON): per method its summary, text and trace (via-sd-trace/1); "
-                                       "the speed-ups, fidelity and cost profile")
+            comparison = gr.JSON(label="comparison (JSON)")  # per method: summary, text, trace; speed-ups, profile
             estimate_trigger = gr.Button("what-if estimate", visible=False)
             # text, not gr.JSON: the trace gate checks size and depth before parsing (and MCP needs a typed input)
-            trace_in = gr.Textbox(label="trace to re-tier: its JSON text (via-sd-trace/1, e.g. a comparison's "
-                                        "methods.via.trace)")
-            estimate = gr.JSON(label="what-if estimate (JSON): the trace's drafts re-tiered under the new "
-                                     "thresholds; an estimate, not a run")
+            trace_in = gr.Textbox(label="trace (JSON text)")
+            estimate = gr.JSON(label="what-if estimate (JSON)")
 
         # ---- events -------------------------------------------------------------------------------
         run_inputs = [prompt, model, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route, with_ar,

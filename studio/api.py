@@ -4,7 +4,7 @@ what-if estimate on a trace a script holds.
 The page's endpoints (/run, /what_if, ...) return HTML for the page to show; these return the numbers
 behind it. `compare` decodes through the page's own path (`runs.decode_comparison`), is wired into the
 same queue and concurrency group as Run, and ends on the session's Stop; `what_if_estimate` passes a
-trace through the engine's trace gate (`via_sd.trace_check`) and re-tiers it with `viz.what_if`. Bad
+trace through the engine's trace gate (`via_sd.core.trace_check`) and re-tiers it with `viz.what_if`. Bad
 input raises `gr.Error` with the page's own message, which a client reads as the error's text.
 
 Their docstrings' `Args:` lines are what an MCP client is told about each argument (one line each).
@@ -83,20 +83,24 @@ def comparison_json(traces: dict, settings: dict, status: str, message: str, fid
 @gpu(duration=run_duration)
 def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
             with_ar=True, request: gr.Request = None, progress=gr.Progress()) -> dict:
-    """Decode one prompt with VIA-SD, then plain speculative decoding (SD), then optionally autoregressive decoding (AR) on the same models, and return the numbers as JSON: per method its summary (tokens/s, predicted tokens/s, speed-up against AR and SD, tier counts, rejection rates, mean accepted length, full-model calls, the full model's agreement), its text and its whole trace (schema via-sd-trace/1), plus the measured speed-ups and the cost profile used. Stop (the /stop endpoint) ends it between rounds; partial traces come back with status "stopped".
+    """Decode one prompt with VIA-SD, then plain speculative decoding (SD), then (with_ar) autoregressive decoding
+    (AR) on the same models, and return the numbers as JSON: per method its summary (tokens/s, predicted tokens/s,
+    speed-up against AR and SD, tier counts, rejection rates, mean accepted length, full-model calls, the full
+    model's agreement), its text and its whole trace (schema via-sd-trace/1), plus the measured speed-ups and the
+    cost profile used. Stop (/stop) ends it between rounds: partial traces come back with status "stopped".
 
     Args:
-        prompt: the text to continue (a chat prompt; the chat template is applied)
-        preset: the model pair to decode with (a choice of the "Model preset" list; the served one by default)
-        gamma: drafts per round, a whole number; 0 lets the engine pick each round's number from this machine's costs
-        accept: tier A threshold in [0, 1]: a draft whose confidence is >= accept is kept with no verifier
-        escalate: tier C threshold in [0, 1], at most accept: a draft whose confidence is < escalate goes to the full model
-        signal: whose confidence sorts the tiers: "slim" (the slim verifier's q'(x)/max q', the paper's rule) or "draft" (the drafter's p(x))
+        prompt: the text to continue (a chat prompt: the chat template is applied)
+        preset: the model pair to decode with, one of the "Model preset" choices (default: the served pair)
+        gamma: drafts per round, a whole number; 0 lets the engine pick each round's from this machine's costs
+        accept: tier A threshold in [0, 1]: a draft with confidence >= accept is kept with no verifier
+        escalate: tier C threshold in [0, accept]: a draft with confidence < escalate goes to the full model
+        signal: whose confidence sorts the tiers: "slim" (the slim verifier, the paper's rule) or "draft"
         temperature: sampling temperature; 0 decodes greedily
         max_new_tokens: the most tokens each method emits
         seed: the random seed (a whole number >= 0), the same for every method
         route: the slim verifier's route (which sub-layers it skips); "default" is the pair's own
-        with_ar: also decode with the full model alone (AR), the baseline for speed-ups against AR
+        with_ar: also decode with the full model alone (AR), the baseline of the speed-ups against AR
     """
     job = SESSIONS.get(request).job("run")
     settings = {"prompt": prompt, "gamma": gamma, "accept": accept, "escalate": escalate, "signal": signal,
@@ -153,13 +157,16 @@ def via_trace(trace) -> Trace:
 
 
 def what_if_estimate(trace, accept, escalate, signal) -> dict:
-    """Re-tier a recorded VIA-SD trace under new thresholds and return the ESTIMATE as JSON: tier counts, slim and full verifier calls, rejection rate, mean accepted length, tokens/s and speed-up against the recording. Nothing is re-run: the recorded drafts are re-sorted, so the result says "estimate": true and a label, and notes what was guessed.
+    """Re-tier a recorded VIA-SD trace under new thresholds and return the ESTIMATE as JSON: tier counts, slim and
+    full verifier calls, rejection rate, mean accepted length, tokens/s and speed-up against the recording. Nothing
+    is re-run: the recorded drafts are sorted again, so the result says "estimate": true, carries a label, and notes
+    what was guessed.
 
     Args:
-        trace: the JSON text of a VIA-SD trace (schema via-sd-trace/1), e.g. the "methods.via.trace" of a compare result, or a trace file saved by the app
-        accept: the new tier A threshold in [0, 1]: drafts whose confidence is >= accept are kept with no verifier
-        escalate: the new tier C threshold in [0, 1], at most accept: drafts whose confidence is < escalate go to the full model
-        signal: whose confidence sorts the tiers: "slim" (the slim verifier's q'(x)/max q') or "draft" (the drafter's p(x))
+        trace: the JSON text of a VIA-SD trace (via-sd-trace/1): a compare result's methods.via.trace, or a saved file
+        accept: the new tier A threshold in [0, 1]: drafts with confidence >= accept are kept with no verifier
+        escalate: the new tier C threshold in [0, accept]: drafts with confidence < escalate go to the full model
+        signal: whose confidence sorts the tiers: "slim" (the slim verifier, the paper's rule) or "draft"
     """
     try:
         recorded = via_trace(trace)

@@ -109,8 +109,8 @@ def test_readme_client_snippet_compares_and_its_numbers_match_the_traces(readme_
         assert summary["speedup_vs_ar"] == pytest.approx(tps[method] / tps["ar"])
         assert summary["speedup_vs_sd"] == pytest.approx(tps[method] / tps["sd"])
         assert trace.costs == result["cost_profile"], "the cost profile the run was priced with"
-    assert result["speedups"] == pytest.approx({"via_vs_ar": tps["via"] / tps["ar"], "via_vs_sd": tps["via"] / tps["sd"],
-                                                "sd_vs_ar": tps["sd"] / tps["ar"]})
+    assert result["speedups"] == pytest.approx({"via_vs_ar": tps["via"] / tps["ar"],
+                                                "via_vs_sd": tps["via"] / tps["sd"], "sd_vs_ar": tps["sd"] / tps["ar"]})
     agreement = {m: result["methods"][m]["summary"]["agreement"] for m in ("via", "sd", "ar")}
     assert 0 <= agreement["via"] <= 1 and agreement["sd"] == 1.0 and agreement["ar"] is None  # greedy SD is lossless
     assert agreement["via"] == result["fidelity"]["via"]["agreement"]
@@ -143,7 +143,8 @@ def test_every_public_endpoint_labels_what_it_returns(server):
     assert [p["parameter_name"] for p in api["/compare"]["parameters"]] == [
         "prompt", "preset", "gamma", "accept", "escalate", "signal", "temperature", "max_new_tokens", "seed",
         "route", "with_ar"]
-    assert "JSON" in api["/compare"]["returns"][0]["label"] and "estimate" in api["/what_if_estimate"]["returns"][0]["label"]
+    assert api["/compare"]["returns"][0]["label"] == "comparison (JSON)"
+    assert api["/what_if_estimate"]["returns"][0]["label"] == "what-if estimate (JSON)"
 
 
 # ---- many clients, Stop ------------------------------------------------------------------------------
