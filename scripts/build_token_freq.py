@@ -121,7 +121,7 @@ def merge_ranking(tokenizer_file: Path) -> list[int]:
 def _tokenizer():
     from transformers import AutoTokenizer
 
-    from via_sd.embedded import embedded_model_dirs
+    from via_sd.weights.embedded import embedded_model_dirs
 
     _, verifier_dir = embedded_model_dirs()
     return AutoTokenizer.from_pretrained(str(verifier_dir)), verifier_dir

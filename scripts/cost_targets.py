@@ -5,7 +5,7 @@ the default gamma="auto"; then each is scored by the full model (teacher-forced 
 paired per-prompt speed ratios (medians; whole runs, and from round 1 on: round 0 reads the prompt, by both
 models in SD and VIA-SD), agreement, tier shares, SD == AR, the cost model's
 predicted tokens/s next to the measured ones (median error per method), and for `paper` the slim cost
-at which it would match plain SD (the recorded runs re-priced with a cheaper slim pass, via_sd.costs).
+at which it would match plain SD (the recorded runs re-priced with a cheaper slim pass, via_sd.cost.model).
 
 Run:  HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python scripts/cost_targets.py [--tokens 64] [--repeats 3] [--json out.json]
 """
@@ -16,9 +16,9 @@ import sys
 import time
 
 from via_sd import DecodeConfig, Thresholds, generate, load_pair
-from via_sd.costs import acceptance, call_ms, ceiling, predict, reads_prompt, scaled
-from via_sd.fidelity import measure_fidelity
-from via_sd.profile import device_name
+from via_sd.cost.model import acceptance, call_ms, ceiling, predict, reads_prompt, scaled
+from via_sd.bench.fidelity import measure_fidelity
+from via_sd.core.profile import device_name
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tokens", type=int, default=64)

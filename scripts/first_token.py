@@ -12,7 +12,7 @@ import statistics
 import time
 
 from via_sd import DecodeConfig, Thresholds, load_pair
-from via_sd.decoding import stream_events
+from via_sd.core.decoding import stream_events
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces."
 

@@ -44,9 +44,9 @@ import transformers  # noqa: E402
 from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 from via_sd import DecodeConfig, ModelPair, Thresholds, generate  # noqa: E402
-from via_sd.models import char_tokenizer  # noqa: E402
-from via_sd.provisional import provisional_route  # noqa: E402
-from via_sd.routing import SlimVerifier, resolve_route, shipped_routes  # noqa: E402
+from via_sd.core.pair import char_tokenizer  # noqa: E402
+from via_sd.core.provisional import provisional_route  # noqa: E402
+from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes  # noqa: E402
 
 _QWEN = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6,
              rope_parameters={"rope_theta": 1000000.0, "rope_type": "default"}, use_sliding_window=False,

@@ -1,4 +1,4 @@
-"""What reading the chat opening once per pair (via_sd/opening.py) saves, paired per prompt.
+"""What reading the chat opening once per pair (via_sd/core/opening.py) saves, paired per prompt.
 
 For every held-out prompt and each setting, a run that starts from the kept opening and one that reads its whole
 prompt (DecodeConfig(reuse_opening=False)), back to back, the order alternating; greedy, gamma="auto", 64 new

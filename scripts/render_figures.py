@@ -195,7 +195,7 @@ def main(argv=None) -> int:
             source = "sample"
     cache = Path(args.out) / "traces.json"
     if args.reuse and cache.exists():
-        from via_sd.trace import Trace
+        from via_sd.core.trace import Trace
 
         data = json.loads(cache.read_text(encoding="utf-8"))
         traces = {k: Trace.from_dict(v) for k, v in data["traces"].items()}

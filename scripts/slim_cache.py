@@ -1,7 +1,7 @@
 """Does the slim verifier lose agreement when it reads the full verifier's cache? And what does it save?
 
 Runs VIA-SD with slim_cache="own" and "full" (the order alternating), paired per prompt, on the held-out
-prompts, and prints each setting's full-model agreement (teacher-forced, via_sd.fidelity), decode tokens/s,
+prompts, and prints each setting's full-model agreement (teacher-forced, via_sd.bench.fidelity), decode tokens/s,
 tier shares and verifier rows read.
 
 Run:  HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python scripts/slim_cache.py [--tokens 64] [--presets paper,fastest]
@@ -11,7 +11,7 @@ import json
 import statistics
 
 from via_sd import DecodeConfig, Thresholds, generate, load_pair
-from via_sd.fidelity import measure_fidelity
+from via_sd.bench.fidelity import measure_fidelity
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--tokens", type=int, default=64)

@@ -15,7 +15,7 @@ forward, and we count how often its top-1 equals fp32's top-1 at the same positi
 
 --drafter: the drafter's levers, int4, side by side in one process: one drafter step (one new token
 after a 200-token context) for the drafter as it was (separate matmuls, whole head), fused q/k/v and
-gate/up, the frequency-ranked head at several N, and both, and both run by the lean forward (via_sd/lean.py,
+gate/up, the frequency-ranked head at several N, and both, and both run by the lean forward (via_sd/weights/lean_forward.py,
 as decoding runs the drafter now); each round also times one verifier
 one-token pass (as shipped, and with its matmuls fused: logits compared bit for bit), so c = drafter
 step / verifier pass is a ratio of neighbours. Then prompt reads of 40 and 200 tokens by each model,
@@ -39,7 +39,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from via_sd import load_pair  # noqa: E402
 from via_sd.bench.inputs import DEFAULT_PROMPTS, load_prompts  # noqa: E402
-from via_sd.lean import LeanDecoder  # noqa: E402
+from via_sd.weights.lean_forward import LeanDecoder  # noqa: E402
 
 
 class Passes:
@@ -98,7 +98,7 @@ def _lean_step(model, seq) -> float:
 def _set_dense(model, dense: bool) -> None:
     """Every int4 linear de-quantized once to bf16 and run by bf16 matmuls (dense), or by the kernel as shipped:
     the prompt-read path the engine dropped (int4.KERNEL_RULE), kept here to measure what the fixed rule costs."""
-    from via_sd.lowbit import Int4Linear
+    from via_sd.weights.settings import Int4Linear
 
     for m in model.modules():
         if isinstance(m, Int4Linear):
@@ -111,8 +111,8 @@ def _set_dense(model, dense: bool) -> None:
 def drafter_levers(args) -> int:
     from transformers import AutoConfig
 
-    from via_sd.embedded import embedded_model_dirs
-    from via_sd.gguf_pack import Entries, build_model
+    from via_sd.weights.embedded import embedded_model_dirs
+    from via_sd.weights.gguf_pack import Entries, build_model
 
     drafter_dir, verifier_dir = embedded_model_dirs()
     build = lambda folder, **kw: build_model(AutoConfig.from_pretrained(folder), Entries.from_cache(folder), "int4", **kw)
@@ -133,7 +133,7 @@ def drafter_levers(args) -> int:
                             models[v + " fused"](torch.cat([context, probe], 1)).logits[0, -3:]) for v in ["verifier"]]
     print(f"verifier logits, fused vs separate, bit for bit: {same}", flush=True)
     seq = context[0].tolist() + [1234]
-    lean = {}  # the shipped drafter run by via_sd/lean.py's forward instead of transformers'
+    lean = {}  # the shipped drafter run by via_sd/weights/lean_forward.py's forward instead of transformers'
     for n in map(int, args.heads.split(",")):
         lean[f"fused + head {n}, lean forward"] = LeanDecoder(models[f"fused + head {n}"], 151936, "cpu", "cpu")
         lean[f"fused + head {n}, lean forward"].logits(seq, 200, 1)

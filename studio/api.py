@@ -20,7 +20,7 @@ import gradio as gr
 import viz
 import viz.page as page
 from via_sd import Trace
-from via_sd.trace_check import NotJSONError, TraceError, load_traces_json
+from via_sd.core.trace_check import NotJSONError, TraceError, load_traces_json
 
 from .gpu import gpu
 from .inputs import UserError, make_thresholds

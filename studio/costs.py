@@ -1,6 +1,6 @@
-""""Why this speed" and "Where it would pay": the engine's cost model (`via_sd.costs`) applied to the
+""""Why this speed" and "Where it would pay": the engine's cost model (`via_sd.cost.model`) applied to the
 session's last run, drawn by `viz.costs`. Nothing here prices anything itself: the profile comes
-with the trace (measured on this machine by the engine), and every prediction is `via_sd.costs`'s.
+with the trace (measured on this machine by the engine), and every prediction is `via_sd.cost.model`'s.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import viz.costs as draw
 from viz.page import plural
 
 try:  # the engine's cost model (pure Python)
-    from via_sd import costs as model
-    from via_sd.costs import GPU_CARDS, CostProfile, Rates
+    from via_sd.cost import model
+    from via_sd.cost.model import GPU_CARDS, CostProfile, Rates
 except ImportError:  # an engine without one: the panel says so
     model, GPU_CARDS = None, {}
 
@@ -45,7 +45,7 @@ def measured_profile(traces: dict) -> "CostProfile | None":
 
 
 def acceptance(trace) -> float | None:
-    """Per-draft acceptance of a run (via_sd.costs.acceptance)."""
+    """Per-draft acceptance of a run (via_sd.cost.model.acceptance)."""
     return model.acceptance(trace.rounds) if trace is not None else None
 
 
@@ -99,7 +99,7 @@ def panel_info(traces: dict) -> dict | None:
 
 
 def prompt_read(trace, profile) -> dict:
-    """The prompt's tokens, those the chat opening held (read once per pair: via_sd.opening), and the share of the
+    """The prompt's tokens, those the chat opening held (read once per pair: via_sd.core.opening), and the share of the
     run's priced forwards that read the prompt."""
     calls = [c for r in trace.rounds for c in r.get("calls", [])]
     total = sum(model.call_ms(profile, c) for c in calls)

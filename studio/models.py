@@ -22,7 +22,7 @@ import torch
 import viz.page as page
 from via_sd import PRESETS, DecodeConfig, ModelLoadError, Thresholds, generate, load_pair
 from via_sd.route_search import pick_route
-from via_sd.routing import SlimVerifier, resolve_route, shipped_routes
+from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
 
 from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
 from .inputs import UserError

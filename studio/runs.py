@@ -16,8 +16,8 @@ import time
 import gradio as gr
 
 import viz.page as page
-from via_sd.decoding import stream_events
-from via_sd.fidelity import measure_fidelities
+from via_sd.core.decoding import stream_events
+from via_sd.bench.fidelity import measure_fidelities
 
 from .gpu import run_seconds, gpu
 from .inputs import check_prompt, make_config

@@ -14,7 +14,7 @@ import gradio as gr
 import viz
 import viz.page as page
 from via_sd import Trace
-from via_sd.trace_check import NotJSONError, TraceError, load_traces_json
+from via_sd.core.trace_check import NotJSONError, TraceError, load_traces_json
 from viz.learn import EMPTY as LEARN_EMPTY
 from viz.learn import learn_error_html, learn_html
 from viz.race import race_end_ms, race_html
@@ -101,7 +101,7 @@ def trace_table_after_run(traces: dict, method: str = "via", request: gr.Request
 
 def check_trace(trace: Trace) -> None:
     """Raises ValueError unless every view of the app can draw `trace` (an upload is untrusted; its fields
-    passed `via_sd.trace_check` already, this catches what only drawing finds)."""
+    passed `via_sd.core.trace_check` already, this catches what only drawing finds)."""
     traces = {trace.method: trace}
     try:
         page.pane_html(trace, trace.method)
@@ -128,7 +128,7 @@ def read_traces(files) -> dict:
             raise UserError(f"{path.name} is larger than {MAX_UPLOAD_BYTES // 2**20} MB: not a trace this app reads.")
         try:
             text = path.read_bytes().decode("utf-8")
-            # the gate: size and nesting depth before parsing, then every field (via_sd.trace_check)
+            # the gate: size and nesting depth before parsing, then every field (via_sd.core.trace_check)
             for item in load_traces_json(text):
                 trace = Trace.from_dict(item)
                 check_trace(trace)

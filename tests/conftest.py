@@ -18,7 +18,7 @@ def _session_cache() -> Path:
     linked, and the cost profile it measured, copied), never what an earlier test run measured or searched: so a
     session on a machine that ran the tests before behaves as on a fresh one."""
     from via_sd.cli.setup import SETUP_RECORD
-    from via_sd.paths import cache_root
+    from via_sd.weights.paths import cache_root
 
     built, session = cache_root(), Path(tempfile.mkdtemp(prefix="via-sd-tests-"))
     atexit.register(shutil.rmtree, session, ignore_errors=True)

@@ -21,7 +21,7 @@ import viz
 from studio import lab, runs
 from studio.models import MODELS
 from via_sd import PRESETS
-from via_sd.provisional import provisional_route
+from via_sd.core.provisional import provisional_route
 from viz.live import live_tokens_html, round_html
 from viz.race import lane_of, race_end_ms, race_html
 from viz.sample import sample_traces
@@ -78,7 +78,7 @@ def test_a_pending_chip_is_neutral_and_a_decided_one_has_its_label_color():
 
 def test_a_replaced_draft_names_the_token_that_replaced_it():
     from studio.inputs import make_config
-    from via_sd.decoding import stream_events
+    from via_sd.core.decoding import stream_events
 
     pair = MODELS.pair("random")
     config = make_config(4, 1.0, 1.0, "draft", 0.0, 40, 0)  # lossless: the full model decides everything

@@ -6,7 +6,7 @@ import torch
 from transformers import (AutoModelForCausalLM, DynamicCache, Gemma2Config, Gemma3TextConfig, GPT2Config,
                           GraniteConfig, LlamaConfig, MistralConfig, Qwen2Config)
 
-from via_sd.routing import FAMILIES, Route, SlimVerifier, resolve_route
+from via_sd.core.routing import FAMILIES, Route, SlimVerifier, resolve_route
 
 SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256)

@@ -11,7 +11,7 @@ import torch
 
 from via_sd import DecodeConfig, Thresholds, bench, generate, tiny_random_pair
 from via_sd.__main__ import main
-from via_sd.fidelity import measure_fidelity
+from via_sd.bench.fidelity import measure_fidelity
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [{"task": "code", "prompt": "def f(x):"}, {"task": "prose", "prompt": "The quick brown fox"}]
@@ -147,7 +147,7 @@ def test_fidelity_of_ar_against_itself_is_perfect_and_via_matches_a_token_by_tok
 
 
 def test_fidelity_of_several_runs_reads_the_prompt_once_and_a_stop_ends_it_between_passes(pair, monkeypatch):
-    import via_sd.fidelity as fidelity
+    import via_sd.bench.fidelity as fidelity
 
     config = DecodeConfig(gamma=4, max_new_tokens=40, chat=False,
                           thresholds=Thresholds(accept=0.3, escalate=0.0, signal="draft"))

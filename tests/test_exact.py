@@ -10,11 +10,11 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache, Gemma3TextConfig, LlamaConfig, MistralConfig
 
 from via_sd import DecodeConfig, generate
-from via_sd.lowbit import Int4Linear, apply_weights
-from via_sd.models import ModelPair, _suppress_token, char_tokenizer
+from via_sd.weights.settings import Int4Linear, apply_weights
+from via_sd.core.pair import ModelPair, _suppress_token, char_tokenizer
 from via_sd.route_search import Calibration, TeacherForced
-from via_sd.routing import Route, SlimVerifier, resolve_route
-from via_sd.row_attention import NAME, use_row_attention
+from via_sd.core.routing import Route, SlimVerifier, resolve_route
+from via_sd.weights.row_attention import NAME, use_row_attention
 
 from test_architectures import CONFIGS, build
 
@@ -231,7 +231,7 @@ def test_progressive_via_equals_separate_passes_and_lossless_equals_sd_on_int4_w
 def test_passes_that_extend_a_cache_are_marked_for_the_low_bit_kernels(pair):
     """row_attention.EXTENDING is True exactly while a forward extends a cache (the verifier called as a HF model
     and the slim verifier alike), so a low-bit linear can keep its per-row kernel there whatever the row count."""
-    from via_sd.row_attention import EXTENDING
+    from via_sd.weights.row_attention import EXTENDING
 
     seen = []
     probe = pair.verifier.model.layers[1].mlp.down_proj

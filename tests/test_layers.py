@@ -1,8 +1,11 @@
-"""One-way layers: core <- tools <- the package's API <- faces, read from the imports in the source (ast).
+"""One-way layers, read from the folders and the imports in the source (ast):
 
-core: the method (tiers, trace, routing, models, decoding, ...); tools: route search, benchmark,
-fidelity; api: via_sd/__init__.py, which re-exports both; faces: the command line, app.py, the app's
-runtime (studio/) and viz.
+    weights <- cost <- core <- tools <- api <- faces
+
+weights: via_sd/weights/ (GGUF codes, low-bit linears, heads, row attention, the lean forward); cost:
+via_sd/cost/ (the cost model, pure Python); core: via_sd/core/ (the method); tools: via_sd/bench/,
+via_sd/route_search/; api: via_sd/__init__.py, which re-exports core and tools; faces: via_sd/cli/,
+via_sd/__main__.py, app.py, studio/ and viz/. A module's layer is its folder's: there is no default.
 Importing a module also runs its packages' __init__ first; that implicit step is not an edge here.
 """
 
@@ -14,10 +17,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-RANKS = {"core": 0, "tools": 1, "api": 2, "faces": 3}
-TOOLS = ("via_sd.bench", "via_sd.route_search", "via_sd.fidelity")
-FACES = ("via_sd.cli", "via_sd.__main__", "viz", "studio", "app")
+RANKS = {"weights": 0, "cost": 1, "core": 2, "tools": 3, "api": 4, "faces": 5}
+FOLDERS = {"via_sd.weights": "weights", "via_sd.cost": "cost", "via_sd.core": "core", "via_sd.bench": "tools",
+           "via_sd.route_search": "tools", "via_sd.cli": "faces", "via_sd.__main__": "faces", "viz": "faces",
+           "studio": "faces", "app": "faces"}
 MODEL_CODE = {"torch", "transformers", "accelerate", "safetensors", "tokenizers", "gguf"}
+# Functions longer than this are split into named steps; the exceptions say why they stay long.
+MAX_FUNCTION_LINES = 80
+LONG_FUNCTIONS = {
+    "app.build_demo": "the page's layout in reading order, then its event wiring (Gradio's own demos read so)",
+}
 
 
 def module_files() -> dict[str, Path]:
@@ -33,13 +42,13 @@ FILES = module_files()
 
 
 def layer(module: str) -> str:
+    """The layer of a module: the folder it lives in (via_sd/__init__.py is the API)."""
     if module == "via_sd":
         return "api"
-    if any(module == p or module.startswith(p + ".") for p in FACES):
-        return "faces"
-    if any(module == p or module.startswith(p + ".") for p in TOOLS):
-        return "tools"
-    return "core"
+    folders = [f for f in FOLDERS if module == f or module.startswith(f + ".")]
+    if not folders:
+        raise AssertionError(f"{module} lives in no layer folder: move it into one of {sorted(FOLDERS)}")
+    return FOLDERS[max(folders, key=len)]
 
 
 def imports(module: str) -> set[str]:
@@ -85,13 +94,18 @@ def reachable(*modules: str) -> set[str]:
 
 
 def test_the_parser_sees_the_imports_the_layering_is_about():
-    assert "via_sd.routing" in project_imports("via_sd.models")
+    assert "via_sd.core.routing" in project_imports("via_sd.core.pair")
     assert "via_sd.route_search.resolve" in project_imports("via_sd.cli.args")
     assert "via_sd" in project_imports("via_sd.cli.args")  # `from .. import load_pair`: the API
     assert "via_sd.bench" in project_imports("via_sd.cli.bench")
-    assert "torch" in GRAPH["via_sd.routing"]
-    assert {layer("via_sd.tiers"), layer("via_sd.bench.report"), layer("via_sd"), layer("viz.figures")} == \
-        {"core", "tools", "api", "faces"}
+    assert "torch" in GRAPH["via_sd.core.routing"]
+    assert [layer(m) for m in ("via_sd.weights.linears", "via_sd.cost.model", "via_sd.core.sampling",
+                               "via_sd.bench.report", "via_sd", "viz.figures")] == list(RANKS)
+
+
+def test_every_module_lives_in_a_layer_folder():
+    for module in FILES:
+        assert layer(module) in RANKS
 
 
 @pytest.mark.parametrize("module", sorted(FILES))
@@ -121,7 +135,7 @@ def test_the_import_graph_has_no_cycles():
 
 
 def test_loading_a_model_does_not_pull_in_route_search_or_any_tool():
-    assert not [m for m in reachable("via_sd.models", "via_sd.decoding") if layer(m) != "core"]
+    assert not [m for m in reachable("via_sd.core.pair", "via_sd.core.decoding") if RANKS[layer(m)] > RANKS["core"]]
 
 
 def test_the_app_and_its_runtime_are_covered():
@@ -151,9 +165,28 @@ def test_every_module_says_what_it_is_for():
 
 
 def test_every_module_fits_in_a_head():
-    for module, path in FILES.items():  # app.py, studio/, via_sd/ (core, tools, faces) and viz/
+    for module, path in FILES.items():  # app.py, studio/, via_sd/ (every layer) and viz/
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
+
+
+def functions(module: str):
+    """(qualified name, lines) of every function and method of a module."""
+    def walk(node, prefix):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{prefix}.{child.name}", child.end_lineno - child.lineno + 1
+                yield from walk(child, f"{prefix}.{child.name}")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{prefix}.{child.name}")
+
+    yield from walk(ast.parse(FILES[module].read_text(encoding="utf-8")), module)
+
+
+def test_every_function_fits_on_a_screen():
+    long = {name: n for m in FILES for name, n in functions(m) if n > MAX_FUNCTION_LINES}
+    assert set(long) <= set(LONG_FUNCTIONS), {k: v for k, v in long.items() if k not in LONG_FUNCTIONS}
+    assert set(LONG_FUNCTIONS) <= set(long), "an exception that is no longer long: remove it from the list"
 
 
 @pytest.mark.parametrize("command", [[], ["generate"], ["setup"], ["bench"], ["route"], ["profile"]])

@@ -1,12 +1,12 @@
-"""The chat template's opening, read once per pair (via_sd/opening.py): runs read only the rest of their prompt,
+"""The chat template's opening, read once per pair (via_sd/core/opening.py): runs read only the rest of their prompt,
 greedy SD still equals AR, and nothing a run does reaches the kept opening or the next run."""
 
 import pytest
 import torch
 
 from via_sd import DecodeConfig, Thresholds, generate, tiny_random_pair
-from via_sd.fidelity import measure_fidelities, measure_fidelity
-from via_sd.opening import opening_ids, shared_length
+from via_sd.bench.fidelity import measure_fidelities, measure_fidelity
+from via_sd.core.opening import opening_ids, shared_length
 
 TEMPLATE = ("{% for m in messages %}system: answer briefly.\nuser: {{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}assistant:{% endif %}")
@@ -110,11 +110,11 @@ def test_round_one_reads_the_rest_of_the_prompt_once_in_the_shared_layers(chat_p
 def _int4_chat_pair():
     """A tiny int4 pair whose drafter scores only even ids plus its context's (heads.FrequentHead), with a chat
     template; the character tokenizer padded to the models' 128 ids."""
-    from test_lowbit import tiny_int4_llama
+    from test_weights import tiny_int4_llama
 
-    from via_sd.heads import FrequentHead
-    from via_sd.models import ModelPair, char_tokenizer
-    from via_sd.routing import SlimVerifier, resolve_route
+    from via_sd.weights.heads import FrequentHead
+    from via_sd.core.pair import ModelPair, char_tokenizer
+    from via_sd.core.routing import SlimVerifier, resolve_route
 
     tokenizer = char_tokenizer()
     tokenizer.add_tokens([f"<x{i}>" for i in range(128 - len(tokenizer))])

@@ -1,10 +1,10 @@
-"""One round plan (via_sd.plan) for the engine and the what-if; max_unverified bounds unverified runs."""
+"""One round plan (via_sd.core.plan) for the engine and the what-if; max_unverified bounds unverified runs."""
 
 import pytest
 
 import viz
 from via_sd import DecodeConfig, Thresholds, generate
-from via_sd.plan import DRAFT, FULL, SLIM, force_verification, plan_round
+from via_sd.core.plan import DRAFT, FULL, SLIM, force_verification, plan_round
 
 PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n"]
 
@@ -91,7 +91,7 @@ def test_the_what_if_replays_a_real_trace_exactly_forced_rounds_included(tiny_ro
 
 def _rows_per_sublayer(pair, prompt: str, config) -> tuple[dict, int]:
     """Rows of each verifier sub-layer's inputs during VIA-SD's round 1, and the prompt's length."""
-    from via_sd.decoding import stream_events
+    from via_sd.core.decoding import stream_events
 
     rows, hooks = {}, []
     for i, layer in enumerate(pair.verifier.model.layers):

@@ -10,11 +10,11 @@ from transformers import DynamicCache
 
 from via_sd import PRESETS, load_pair, tiny_random_pair
 from via_sd.__main__ import main
-from via_sd.provisional import provisional_route
+from via_sd.core.provisional import provisional_route
 from via_sd.route_search import (MAX_RATIO, Calibration, TeacherForced, generate_calibration, how_made, measure_route,
                                  model_identity, pick_route, route_for, search_route, skippable, sublayer_index,
                                  sublayer_name)
-from via_sd.routing import ROUTES_DIR, Route, resolve_route
+from via_sd.core.routing import ROUTES_DIR, Route, resolve_route
 
 PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n", "def f(a):"]
 HELD_OUT = ["Once upon a time", "SELECT * FROM t"]
@@ -175,22 +175,6 @@ def test_shipped_routes_are_valid_and_carry_their_measurements():
         assert data["cost"]["device"] and data["cost"]["one_token"]["ratio"] > 0
         assert data["cost"]["verify_step"]["tokens"] == data["cost"]["gamma"] + 1
         assert data["model"]["num_layers"] == data["num_layers"] and data["method"]
-
-
-@pytest.mark.embedded
-def test_embedded_default_route_agreement_is_reproduced(embedded_pair):
-    from via_sd.route_search import CALIBRATION_DIR
-
-    data = json.loads((ROUTES_DIR / "embedded-default.json").read_text())
-    texts_ = json.loads((CALIBRATION_DIR / "embedded.json").read_text())
-    skip = {sublayer_index(s) for s in data["skip"]}
-    # the agreement was measured on the weights the route file records (files older than that field: fp32)
-    setting = data["cost"].get("weights_setting", "fp32")
-    pair = embedded_pair if embedded_pair.weights == setting else load_pair("embedded", weights=setting)
-    for key in ("calibration", "held_out"):
-        if key in data:
-            again = TeacherForced(pair.verifier, Calibration.from_dict(texts_[key])).evaluate(skip)
-            assert data[key]["top1_agreement"] == pytest.approx(again.agreement, abs=2e-3)
 
 
 def test_the_provisional_rule_skips_attention_of_evenly_spaced_middle_layers_and_says_so():

@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 import pytest
 
 import viz
-from via_sd.trace import Trace, summarize
+from via_sd.core.trace import Trace, summarize
 from viz import palette as P
 from viz.tokens import NBSP, plain_text
 
@@ -260,7 +260,7 @@ def test_what_if_with_own_thresholds_reproduces_the_recording(traces, method):
     assert est["rejection_rate"] == pytest.approx(trace.summary["rejection_rate"])
     assert est["changed_rounds"] == 0 and est["guessed_decisions"] == 0
     assert est["forced_rounds"] == est["recorded"]["forced_rounds"]
-    from via_sd.costs import CostProfile, price_calls
+    from via_sd.cost.model import CostProfile, price_calls
 
     # the trace's own forwards priced with its own cost profile (the engine's cost model, one copy)
     assert est["model_ms"] == pytest.approx(price_calls(CostProfile.from_dict(trace.costs), trace.rounds))
@@ -514,7 +514,7 @@ def test_the_cost_panel_counts_in_words_one_draft_one_round_two_tokens():
 def test_the_cost_panel_says_what_reading_the_prompt_cost_and_what_the_opening_saved(tiny_pair):
     from studio.costs import prompt_read, sentences
     from via_sd import DecodeConfig, generate
-    from via_sd.costs import CostProfile, call_ms
+    from via_sd.cost.model import CostProfile, call_ms
 
     trace = generate(tiny_pair, "hello world", "sd", DecodeConfig(gamma=2, max_new_tokens=8, chat=False))
     profile = CostProfile.from_dict(trace.costs)

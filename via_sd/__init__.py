@@ -5,20 +5,20 @@
     trace = generate(pair, "prompt", method="via", config=DecodeConfig(gamma="auto"))
 
 The engine imports neither gradio nor plotly. The public names below load on first use, so the pure
-modules (`via_sd.plan`: the tier rule and the round plan; `via_sd.costs`: the cost model;
-`via_sd.trace_check`) can be imported without torch, by `viz` and by pages that never load a model.
+modules (`via_sd.core.plan`: the tier rule and the round plan; `via_sd.cost.model`: the cost model;
+`via_sd.core.trace_check`) can be imported without torch, by `viz` and by pages that never load a model.
 """
 
 from importlib import import_module
 
 _PUBLIC = {
-    "decoding": ("METHODS", "Event", "generate", "stream", "stream_events"),
-    "config": ("DecodeConfig",),
-    "models": ("PRESETS", "ModelLoadError", "ModelPair", "load_pair", "tiny_random_pair"),
+    "core.decoding": ("METHODS", "Event", "generate", "stream", "stream_events"),
+    "core.config": ("DecodeConfig",),
+    "core.pair": ("PRESETS", "ModelLoadError", "ModelPair", "load_pair", "tiny_random_pair"),
     "route_search": ("measure_route", "pick_route", "route_for", "search_curve", "search_route"),
-    "routing": ("Route", "SlimVerifier"),
-    "plan": ("THRESHOLD_PRESETS", "Thresholds", "tier_of"),
-    "trace": ("Trace",),
+    "core.routing": ("Route", "SlimVerifier"),
+    "core.plan": ("THRESHOLD_PRESETS", "Thresholds", "tier_of"),
+    "core.trace": ("Trace",),
 }
 _WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
 __all__ = sorted(_WHERE)

@@ -1,6 +1,6 @@
 """viz: a VIA-SD Trace as tier-colored tokens and Plotly figures.
 
-No model code here (no torch, no transformers) and no gradio: only `via_sd.trace` is used, and
+No model code here (no torch, no transformers) and no gradio: only `via_sd.core.trace` is used, and
 only to turn a dict / JSON into a Trace. Every function takes a `via_sd.Trace` (or its dict).
 
     from viz import token_spans, TIER_COLORS, token_html, confidence_figure, what_if

@@ -1,6 +1,6 @@
 """Small helpers shared by the viz modules: accept a Trace or its dict, read its thresholds.
 
-`via_sd.trace` is imported only when a plain dict has to become a Trace, so `import viz` stays
+`via_sd.core.trace` is imported only when a plain dict has to become a Trace, so `import viz` stays
 light even when `via_sd/__init__` pulls in the engine.
 """
 
@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from via_sd.trace import Trace
+    from via_sd.core.trace import Trace
 
 KEPT_DECISIONS = ("accepted", "kept")
 
@@ -19,7 +19,7 @@ def as_trace(trace: Any) -> "Trace":
     """A Trace from a Trace, its dict (`Trace.to_dict()`) or its JSON text."""
     if hasattr(trace, "rounds") and hasattr(trace, "tokens"):
         return trace
-    from via_sd.trace import Trace
+    from via_sd.core.trace import Trace
 
     if isinstance(trace, str):
         return Trace.from_json(trace)
@@ -35,7 +35,7 @@ def as_traces(traces: Any) -> list:
 
 
 def thresholds_dict(thresholds: Any) -> dict | None:
-    """{accept, escalate, signal} from a `via_sd.tiers.Thresholds`, a dict, or None."""
+    """{accept, escalate, signal} from a `via_sd.core.plan.Thresholds`, a dict, or None."""
     if thresholds is None:
         return None
     if isinstance(thresholds, dict):

@@ -1,7 +1,7 @@
 """"Why this speed" and "Where it would pay": the cost model's numbers, drawn.
 
 Plain numbers in, HTML and one Plotly figure out; the numbers come from the engine's cost model
-(`via_sd.costs`, called by the app), never computed here. Every projected number carries the word
+(`via_sd.cost.model`, called by the app), never computed here. Every projected number carries the word
 "projection" beside it.
 """
 

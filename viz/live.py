@@ -1,7 +1,7 @@
 """A round being verified, live: its drafts appear at once, pending, then take their tier's color.
 
 `round_html(candidates, round_index)` draws one round's draft candidates (the dicts of a
-`via_sd.decoding.Event`): a pending draft is neutral (dashed outline, `data-state="pending"`); a
+`via_sd.core.decoding.Event`): a pending draft is neutral (dashed outline, `data-state="pending"`); a
 decided one has its label's color (`data-state="decided"`); a replaced draft is struck through
 with the replacement beside it when the event names it; a discarded one is faded and struck.
 `live_tokens_html(trace, candidates, round_index)` puts the emitted tokens so far and that round

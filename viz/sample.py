@@ -1,6 +1,6 @@
 """Hand-built traces that follow schema via-sd-trace/1 exactly, for tests, docs and offline demos.
 
-`sample_trace(method)` simulates the decoding loop of `via_sd.decoding` with pseudo-random
+`sample_trace(method)` simulates the decoding loop of `via_sd.core.decoding` with pseudo-random
 probabilities instead of models (greedy rules: a verifier keeps a draft iff it is its top choice),
 so the trace has every field and every invariant of a real one (tier stickiness after tier C,
 discarded drafts after a replacement, bonus tokens, token budget) but needs no model.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 
-from via_sd.trace import Trace, summarize
+from via_sd.core.trace import Trace, summarize
 
 WORDS = [" the", " slim", " verifier", " keeps", " it", ".", "\n", " draft", " tokens", " <b>", "&", " full",
          " model", " checks", ",", "  two", "\t", "é", " round", " fast"]

@@ -10,9 +10,9 @@ calls and rejection rate exactly.
 How a round is replayed
 -----------------------
 1. Tiers and the round plan. Each candidate's confidence r is sorted by the engine's own tier rule
-   (`via_sd.plan.tier_of`); a forced round (the run's `max_unverified` reached, counted over the
+   (`via_sd.core.plan.tier_of`); a forced round (the run's `max_unverified` reached, counted over the
    replayed tokens as the engine counts them) closes tier A; then the engine's own round plan
-   (`via_sd.plan.plan_round`) says who decides each draft and which verifier passes run.
+   (`via_sd.core.plan.plan_round`) says who decides each draft and which verifier passes run.
    r comes from the recording: with the same signal, the recorded `confidence`; switching to
    signal "draft", r = `p_draft` (exact); switching a draft-signal trace to signal "slim", r =
    q'(x)/max q' is unknown, so `q_slim` (a lower bound of r) stands in where the slim verifier
@@ -40,7 +40,7 @@ How a round is replayed
    differently changes the context (and the drafts) of every later round. The estimate ignores
    that; it answers "with these thresholds, how would these drafts have been handled?".
 5. Time: with the trace's cost profile (`trace.costs`, every trace since the cost model), each
-   replayed pass is priced by the engine's cost model (`via_sd.costs`) for the rows it reads,
+   replayed pass is priced by the engine's cost model (`via_sd.cost.model`) for the rows it reads,
    catch-up included (each verifier's lag is followed round by round); traces without a profile
    fall back to the recorded per-phase means (drafter per candidate, slim / full per call, other
    per round). The estimated tokens/s scales the measured tokens/s by the model's speed-up over
@@ -52,7 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from via_sd.plan import DRAFT, FULL, SLIM, TIERS, Thresholds, force_verification, plan_round, tier_of
+from via_sd.core.plan import DRAFT, FULL, SLIM, TIERS, Thresholds, force_verification, plan_round, tier_of
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
@@ -390,7 +390,7 @@ def _summary(trace, replays: list[RoundReplay], rec_th: dict, new_th: dict, cost
 def what_if(trace: Any, thresholds: Any, costs: dict | None = None) -> dict:
     """Estimate what a VIA-SD trace would have looked like under other `thresholds`.
 
-    `thresholds`: a `via_sd.tiers.Thresholds` or a dict {accept, escalate, signal}; a missing
+    `thresholds`: a `via_sd.core.plan.Thresholds` or a dict {accept, escalate, signal}; a missing
     signal means the trace's own. `costs` optionally overrides `phase_costs(trace)` entries.
 
     Returns a dict (all counts over the recorded rounds):

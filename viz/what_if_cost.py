@@ -1,9 +1,9 @@
 """What a replayed round costs: each pass the what-if replays, priced by the engine's cost model
-(`via_sd.costs`, pure Python) with the cost profile the trace carries, for the rows it really reads."""
+(`via_sd.cost.model`, pure Python) with the cost profile the trace carries, for the rows it really reads."""
 
 from __future__ import annotations
 
-from via_sd.costs import CostProfile, call_ms
+from via_sd.cost.model import CostProfile, call_ms
 
 
 def trace_profile(trace) -> CostProfile | None:
@@ -28,7 +28,7 @@ class Lanes:
     rows it really reads (a verifier that skipped rounds catches up on them)."""
 
     def __init__(self, prompt: int, opening: int = 0):
-        """`opening`: prompt tokens every cache started with (the chat opening read once per pair: via_sd.opening)."""
+        """`opening`: prompt tokens every cache started with (the chat opening read once per pair: via_sd.core.opening)."""
         self.length, self.prompt = prompt, prompt
         self.seen = dict.fromkeys(("drafter", "slim", "full"), opening)
 
@@ -62,7 +62,7 @@ class Lanes:
 
     def _read(self, profile, model: str, upto: int, resume: bool) -> float:
         seen, ms = self.seen[model], 0.0
-        if seen < self.prompt < upto:  # the prompt is read in a call of its own (via_sd.cached.Reader)
+        if seen < self.prompt < upto:  # the prompt is read in a call of its own (via_sd.core.cached.Reader)
             ms += call_ms(profile, {"model": model, "rows": self.prompt - seen, "past": seen, "resume": resume,
                                     "prompt": True})
             seen = self.prompt

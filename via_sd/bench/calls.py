@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..trace import KEPT_DECISIONS
+from ..core.trace import KEPT_DECISIONS
 
 PHASES = ("prefill", "draft", "slim", "full", "other")
 MODELS = ("drafter", "slim", "full")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..decoding import DecodeConfig
+from ..core.decoding import DecodeConfig
 
 
 @torch.inference_mode()

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import torch
 
-from ..decoding import Clock, DecodeConfig, generate
-from ..fidelity import score_output
+from ..core.decoding import Clock, DecodeConfig, generate
+from .fidelity import score_output
 from .calls import trace_record
 from .hf import generate_hf
 from .inputs import as_prompts

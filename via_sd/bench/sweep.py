@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
-from ..decoding import DecodeConfig
-from ..tiers import Thresholds
+from ..core.decoding import DecodeConfig
+from ..core.plan import Thresholds
 from .inputs import as_prompts
 from .metrics import FIDELITY_TARGET, metrics
 from .run import SCHEMA, machine_info, rotated, run_once, score_runs

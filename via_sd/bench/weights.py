@@ -14,7 +14,7 @@ import os
 import statistics
 from dataclasses import replace
 
-from ..decoding import DecodeConfig
+from ..core.decoding import DecodeConfig
 from .inputs import as_prompts
 from .run import machine_info, rotated, run_once
 

@@ -13,8 +13,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_profile(args) -> int:
-    from ..costs import Rates, best_gamma, ceiling
-    from ..profile import profile_for, profile_path
+    from ..cost.model import Rates, best_gamma, ceiling
+    from ..core.profile import profile_for, profile_path
 
     pair = pair_from_args(args)
     profile = profile_for(pair, refresh=args.refresh, progress=print_progress)

@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..embedded import EMBEDDED_VERIFIER
-from ..models import PRESETS
+from ..weights.embedded import EMBEDDED_VERIFIER
+from ..core.pair import PRESETS
 from ..route_search import (BASELINE_DIR, OBJECTIVES, TeacherForced, calibration_from_file, check_ratio, default_texts,
                             measure_route, one_at_a_time_route, rank_one_at_a_time, saved_routes, search_curve,
                             skip_count)
-from ..routing import ROUTES_DIR, Route, shipped_routes
+from ..core.routing import ROUTES_DIR, Route, shipped_routes
 from .args import add_pair_arguments, pair_from_args, print_progress
 
 

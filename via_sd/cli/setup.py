@@ -15,24 +15,24 @@ def record_setup(profile) -> None:
     """Names the profile the set-up measured, so a test session can start from exactly the set-up's cache."""
     import json
 
-    from ..paths import cache_root
+    from ..weights.paths import cache_root
 
     (cache_root() / SETUP_RECORD).write_text(json.dumps({"profiles": [profile.name]}) + "\n")
     (cache_root() / "lowbit-kernels.json").unlink(missing_ok=True)  # an older version's timed kernel table
 
 
 def cmd_setup(args) -> int:
-    from ..embedded import embedded_model_dirs
+    from ..weights.embedded import embedded_model_dirs
 
     drafter_dir, verifier_dir = embedded_model_dirs()
     print(f"embedded pair ready:\n  drafter  {drafter_dir}\n  verifier {verifier_dir}")
-    from ..lowbit import int4_available
+    from ..weights.settings import int4_available
 
     if int4_available():
         from .. import load_pair
 
         pair = load_pair("embedded", weights="int4")
-        from ..profile import profile_for, profile_path
+        from ..core.profile import profile_for, profile_path
         from .args import print_progress
 
         profile = profile_for(pair, progress=print_progress)  # what a round costs here: gamma="auto" uses it

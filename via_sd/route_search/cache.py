@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..routing import ROUTES_DIR
+from ..core.routing import ROUTES_DIR
 
 BASELINE_DIR = ROUTES_DIR / "baseline"
 
@@ -26,7 +26,7 @@ def same_model(saved: dict | None, identity: dict) -> bool:
 def route_cache_dir() -> Path:
     """Where routes searched for models without a shipped one are kept: $VIA_SD_CACHE/routes or
     ~/.cache/via-sd/routes."""
-    from ..paths import cache_root
+    from ..weights.paths import cache_root
 
     return cache_root() / "routes"
 

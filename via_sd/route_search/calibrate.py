@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..routing import ROUTES_DIR
+from ..core.routing import ROUTES_DIR
 from .cache import model_identity, route_cache_dir, same_model, slug
 from .progress import report
 
@@ -58,7 +58,7 @@ def task_prompts(picks) -> list[str]:
 
 def generate_calibration(pair, prompts: list[str], max_new_tokens: int, source: str = "", progress=None) -> Calibration:
     """The full verifier's own greedy continuations of `prompts` (through the chat template when there is one)."""
-    from ..decoding import DecodeConfig, generate
+    from ..core.decoding import DecodeConfig, generate
 
     config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=0.0)
     sequences, starts = [], []

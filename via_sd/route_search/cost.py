@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from ..routing import Route, SlimVerifier, resolve_route
+from ..core.routing import Route, SlimVerifier, resolve_route
 from .cache import model_identity
 from .sublayers import skip_set, weight_share
 from .teacher import TeacherForced
@@ -86,7 +86,7 @@ def measure_cost(pair, route: Route, gamma: int = 5, kv_length: int = 256, repea
 def measure_escalation(slim: SlimVerifier, ids, kv_length: int, tokens: int, repeats: int) -> dict:
     """An escalating round's full pass after a slim pass: from scratch vs resumed from the slim pass's hidden
     states at the route's first skip (progressive verification). A late first skip shares more."""
-    from ..progressive import ProgressiveVerifier
+    from ..core.progressive import ProgressiveVerifier
 
     seq = ids[0].tolist()
     shared = ProgressiveVerifier(slim, slim.config.vocab_size, slim.device)

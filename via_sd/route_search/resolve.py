@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..routing import Route, resolve_route
+from ..core.routing import Route, resolve_route
 from .cache import BASELINE_DIR, model_identity, route_cache_dir, saved_routes, slug
 from .calibrate import default_texts
 from .cost import measure_route

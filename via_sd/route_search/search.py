@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..routing import Route, resolve_route
+from ..core.routing import Route, resolve_route
 from .cache import model_identity
 from .cost import device_name
 from .progress import report, stopped

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..routing import Route
+from ..core.routing import Route
 
 MAX_RATIO = 0.9
 

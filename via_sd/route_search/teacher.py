@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..routing import Route, SlimVerifier
+from ..core.routing import Route, SlimVerifier
 from .calibrate import Calibration
 
 

@@ -1,0 +1,135 @@
+"""The slim verifier, routes, model loading, the trace contract and bad input."""
+
+import json
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from via_sd import DecodeConfig, ModelLoadError, Route, Thresholds, Trace, generate, load_pair, tiny_random_pair
+from via_sd.core.pair import char_tokenizer
+from via_sd.core.routing import resolve_route
+
+
+def test_slim_verifier_shares_the_verifiers_weights(tiny_routed_pair):
+    verifier_storage = {p.untyped_storage().data_ptr() for p in tiny_routed_pair.verifier.parameters()}
+    slim_params = list(tiny_routed_pair.slim.parameters())
+    assert slim_params and all(p.untyped_storage().data_ptr() in verifier_storage for p in slim_params)
+    skipped = tiny_routed_pair.verifier.model.layers[1].self_attn.q_proj.weight
+    assert all(p is not skipped for p in slim_params)
+
+
+def test_slim_with_route_none_equals_the_verifier(tiny_pair):
+    ids = tiny_pair.tokenizer("hello there", return_tensors="pt").input_ids
+    with torch.no_grad():
+        full = tiny_pair.verifier(ids).logits
+    slim = tiny_pair.slim(ids, past_key_values=DynamicCache()).logits
+    torch.testing.assert_close(slim, full, rtol=0, atol=1e-5)
+
+
+def test_slim_with_a_route_differs_and_caches_only_the_layers_it_runs(tiny_routed_pair):
+    ids = tiny_routed_pair.tokenizer("hello there", return_tensors="pt").input_ids
+    cache = DynamicCache()
+    slim = tiny_routed_pair.slim(ids, past_key_values=cache).logits
+    with torch.no_grad():
+        full = tiny_routed_pair.verifier(ids).logits
+    assert not torch.allclose(slim, full)
+    filled = [i for i, layer in enumerate(cache.layers) if layer.get_seq_length() > 0]
+    assert filled == [0, 2, 3]  # attn.1 is skipped
+
+
+def test_slim_incremental_decoding_matches_one_pass(tiny_routed_pair):
+    ids = tiny_routed_pair.tokenizer("incremental", return_tensors="pt").input_ids
+    one = tiny_routed_pair.slim(ids, past_key_values=DynamicCache()).logits
+    cache = DynamicCache()
+    first = tiny_routed_pair.slim(ids[:, :6], past_key_values=cache).logits
+    rest = tiny_routed_pair.slim(ids[:, 6:], past_key_values=cache).logits
+    torch.testing.assert_close(torch.cat([first, rest], 1), one, rtol=1e-4, atol=1e-4)
+
+
+def test_routes_validate_and_round_trip(tmp_path):
+    route = resolve_route(["mlp.2", "attn.1", "attn.1"], num_layers=4)
+    assert route.skip == ("attn.1", "mlp.2") and route.skip_fraction == 0.25
+    path = tmp_path / "r.json"
+    path.write_text(route.to_json())
+    again = resolve_route(str(path), num_layers=4)
+    assert again.skip == route.skip and again.name == "r"
+    for bad, words in [(["attn.0"], "first or last"), (["mlp.3"], "first or last"), (["ffn.2"], "unknown sub-layer"),
+                       (["attn.9"], "outside"), ("no-such-route", "unknown route")]:
+        with pytest.raises(ValueError, match=words):
+            resolve_route(bad, num_layers=4)
+
+
+def test_trace_invariants_and_exact_json_round_trip(tiny_routed_pair):
+    cfg = DecodeConfig(gamma=4, max_new_tokens=40, chat=False, thresholds=Thresholds(0.8, 0.3, "draft"))
+    for method in ("ar", "sd", "via"):
+        trace = generate(tiny_routed_pair, "round trip", method, cfg)
+        assert Trace.from_json(trace.to_json()) == trace
+        assert "".join(t["text"] for t in trace.tokens) == trace.text
+        assert [t["id"] for t in trace.tokens] == trace.token_ids
+        assert sum(trace.summary["tier_counts"].values()) == trace.summary["new_tokens"] == len(trace.tokens)
+        assert trace.summary["full_calls"] == sum(r["full_called"] for r in trace.rounds)
+        for r in trace.rounds:
+            assert len(r["candidates"]) <= cfg.gamma
+            assert min(r["start_ms"], r["draft_ms"], r["slim_ms"], r["full_ms"], r["other_ms"]) >= 0
+            assert all(c["decision"] in ("accepted", "kept", "replaced", "discarded") for c in r["candidates"])
+        assert trace.schema == "via-sd-trace/1" and trace.config["thresholds"]["accept"] == 0.8
+        assert trace.models["route"] == tiny_routed_pair.route.name
+
+
+def test_not_a_trace_is_a_clear_error():
+    for text in ["{", "[]", json.dumps({"schema": "other"})]:
+        with pytest.raises(ValueError, match="not a VIA-SD trace"):
+            Trace.from_json(text)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"gamma": 0}, "gamma"), ({"max_new_tokens": 0}, "max_new_tokens"), ({"max_new_tokens": 100000}, "max_new_tokens"),
+    ({"temperature": -1.0}, "temperature"), ({"top_p": 0.0}, "top_p"),
+])
+def test_bad_decode_settings_say_what_to_change(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        DecodeConfig(**kwargs)
+
+
+def test_bad_thresholds_and_prompts_are_clear_errors(tiny_pair):
+    with pytest.raises(ValueError, match="out of order"):
+        Thresholds(accept=0.2, escalate=0.5)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Thresholds(accept=1.5)
+    with pytest.raises(ValueError, match="signal"):
+        Thresholds(signal="vibes")
+    with pytest.raises(ValueError, match="empty"):
+        generate(tiny_pair, "   ", "via")
+    with pytest.raises(ValueError, match="method"):
+        generate(tiny_pair, "hi", "beam")
+    with pytest.raises(ValueError, match="shorten the prompt"):
+        generate(tiny_pair, "x" * 2100, "ar", DecodeConfig(chat=False))
+
+
+def test_unknown_preset_and_unreadable_models_are_clear_errors(tmp_path):
+    with pytest.raises(ValueError, match="unknown preset"):
+        load_pair("huge")
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_pair(drafter=str(tmp_path / "missing.gguf"), verifier=str(tmp_path / "missing.gguf"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="config.json"):
+        load_pair(drafter=str(tmp_path / "empty"), verifier=str(tmp_path / "empty"))
+
+
+def test_pairs_load_from_local_folders_and_mismatched_tokenizers_are_refused(tmp_path):
+    pair = tiny_random_pair()
+    for name, model in (("drafter", pair.drafter), ("verifier", pair.verifier)):
+        model.save_pretrained(tmp_path / name)
+        pair.tokenizer.save_pretrained(tmp_path / name)
+    loaded = load_pair(drafter=str(tmp_path / "drafter"), verifier=str(tmp_path / "verifier"), route=["attn.1"],
+                       device="cpu")
+    cfg = DecodeConfig(max_new_tokens=12, chat=False)
+    assert generate(loaded, "hello", "sd", cfg).token_ids == generate(loaded, "hello", "ar", cfg).token_ids
+    assert loaded.route.skip == ("attn.1",)
+
+    other = char_tokenizer()
+    other.add_tokens(["world"])  # "world" becomes one token for this "verifier" only
+    other.save_pretrained(tmp_path / "verifier")
+    with pytest.raises(ValueError, match="drafter .* and verifier .* tokenize differently"):
+        load_pair(drafter=str(tmp_path / "drafter"), verifier=str(tmp_path / "verifier"), device="cpu")

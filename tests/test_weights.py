@@ -1,0 +1,371 @@
+"""Low-bit weights: GGUF blocks -> codes, the int4 linear, the weights= settings on a tiny model.
+
+GGUF data is real: blocks made by the `gguf` package's own quantizers (Q4_0 ... Q8_0), or valid
+random blocks for the K-quants it cannot make (every byte pattern of the codes is legal), checked
+against the package's reference de-quantizer; tensors are written to a GGUF file with GGUFWriter.
+"""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf.quants import dequantize, quantize
+
+from via_sd import DecodeConfig, Trace, generate, load_pair
+from via_sd.weights.gguf_pack import Entries, UnsupportedTensorType, decompose, gguf_tensors
+from via_sd.weights.settings import Int4Linear, Int8Linear, LowbitEmbedding, RescoredHead, quantize_int4, resolve_weights
+
+ROWS, COLS = 64, 512
+GREEDY = DecodeConfig(gamma=4, max_new_tokens=24)
+
+
+def k_quant_blocks(kind: str, rows=ROWS, cols=COLS, seed=0) -> np.ndarray:
+    """Valid random Q4_K / Q5_K / Q6_K rows: random codes and sub-scales, sane fp16 super-scales."""
+    rng = np.random.default_rng(seed)
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType[kind]]
+    b = rng.integers(0, 256, size=(rows * cols // block, nbytes), dtype=np.uint8)
+    scales = rng.uniform(1e-4, 2e-3, size=(b.shape[0], 2)).astype(np.float16).view(np.uint8)
+    if kind == "Q6_K":  # ... int8 sub-scales, then d at the end
+        b[:, -2:] = scales[:, :2]
+    else:  # d, dmin first
+        b[:, :4] = scales
+    return b.reshape(rows, -1)
+
+
+def blocks_of(kind: str) -> np.ndarray:
+    if kind in ("Q4_K", "Q5_K", "Q6_K"):
+        return k_quant_blocks(kind)
+    w = np.random.default_rng(1).standard_normal((ROWS, COLS)).astype(np.float32) * 0.05
+    return quantize(w, GGMLQuantizationType[kind])
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
+def test_each_supported_block_type_unpacks_to_the_gguf_reference_values(kind):
+    raw = blocks_of(kind)
+    codes = decompose(raw, kind, (ROWS, COLS))
+    reference = dequantize(raw, GGMLQuantizationType[kind]).reshape(ROWS, COLS)
+    assert codes.codes.max() < 2 ** codes.bits
+    assert np.array_equal(codes.dequantize(), reference)  # bit for bit
+
+
+def write_gguf(path, tensors: dict):
+    writer = GGUFWriter(str(path), "llama")
+    for name, (array, kind) in tensors.items():
+        writer.add_tensor(name, array, raw_dtype=None if kind is None else GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_a_gguf_file_reads_back_tensor_by_tensor(tmp_path):
+    path = tmp_path / "tiny.gguf"
+    f16 = np.random.default_rng(2).standard_normal((8, 32)).astype(np.float16)
+    write_gguf(path, {"a.weight": (blocks_of("Q4_K"), "Q4_K"), "b.weight": (blocks_of("Q6_K"), "Q6_K"),
+                      "c.weight": (blocks_of("Q8_0"), "Q8_0"), "norm.weight": (np.ones(32, np.float32), None),
+                      "h.weight": (f16, None)})
+    reader = GGUFReader(str(path))
+    got = dict(gguf_tensors(reader, path))
+    by_name = {t.name: t for t in reader.tensors}
+    for name in ("a.weight", "b.weight", "c.weight"):
+        t = by_name[name]
+        assert got[name].shape == (ROWS, COLS)
+        assert np.array_equal(got[name].dequantize(), dequantize(t.data, t.tensor_type).reshape(ROWS, COLS))
+    assert np.array_equal(got["norm.weight"], np.ones(32, np.float32))
+    assert np.array_equal(got["h.weight"], f16)
+
+
+def test_an_unsupported_gguf_tensor_type_is_an_error_naming_type_and_file(tmp_path):
+    path = tmp_path / "odd.gguf"
+    block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K]
+    write_gguf(path, {"blk.0.ffn_up.weight": (np.zeros((4, 2 * nbytes), np.uint8), "Q2_K")})
+    with pytest.raises(UnsupportedTensorType) as err:
+        list(gguf_tensors(GGUFReader(str(path)), path))
+    assert "Q2_K" in str(err.value) and str(path) in str(err.value) and "blk.0.ffn_up.weight" in str(err.value)
+
+
+def test_int4_linear_equals_the_dequantized_fp32_linear():
+    torch.manual_seed(0)
+    w, b = torch.randn(192, 256) * 0.05, torch.randn(192)
+    layer = Int4Linear.from_float(w, b)
+    x = torch.randn(3, 7, 256)
+    dense = layer.dequantize()
+    # the int4 grid itself: each weight within half a step (plus bf16 rounding of scale and zero)
+    q, scale, zero = quantize_int4(w)
+    step = scale.repeat_interleave(32, dim=1)
+    assert ((dense - w).abs() <= 0.5 * step + 2 ** -8 * (8 * step + zero.abs().repeat_interleave(32, 1))).all()
+    reference = x.bfloat16().float() @ dense.t() + b  # the kernel reads activations as bf16
+    y = layer(x)
+    assert y.shape == (3, 7, 192) and y.dtype == torch.float32
+    # tolerance: the kernel returns bf16 (8 significant bits): 1% of the largest output
+    assert (y - reference).abs().max() <= 1e-2 * reference.abs().max()
+
+
+def test_q4_k_weights_become_int4_exactly_up_to_bf16_scales():
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from via_sd.weights.gguf_pack import build_model
+
+    raw = k_quant_blocks("Q4_K", rows=64, cols=256)
+    codes = decompose(raw, "Q4_K", (64, 256))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
+    tensors = {"model.embed_tokens.weight.codes": torch.from_numpy(codes.codes),
+               "model.embed_tokens.weight.scale": torch.from_numpy(codes.scale),
+               "model.embed_tokens.weight.offset": torch.from_numpy(codes.offset)}
+    meta = {"model.embed_tokens.weight": {"type": "Q4_K", "bits": 4, "group": 32, "zero": 0, "shape": [64, 256],
+                                          "unpacked": True}}
+    g = torch.Generator().manual_seed(0)
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    for name, param in skeleton.named_parameters():  # every other tensor: random floats
+        if name not in ("model.embed_tokens.weight", "lm_head.weight"):  # the head is tied to the embedding
+            tensors[name] = torch.randn(param.shape, generator=g) * 0.02
+    model = build_model(config, Entries(tensors, meta), "int4")
+    head, embed = model.lm_head.head, model.model.embed_tokens
+    assert isinstance(model.lm_head, RescoredHead) and isinstance(head, Int4Linear)
+    assert isinstance(embed, LowbitEmbedding)
+    assert torch.equal(embed(torch.arange(64)), reference)  # the embedding keeps the GGUF codes as they are
+    scale = torch.from_numpy(codes.scale).repeat_interleave(32, 1)
+    bound = 2 ** -8 * (8 * scale + (torch.from_numpy(codes.offset).repeat_interleave(32, 1) + 8 * scale).abs())
+    assert ((head.dequantize() - reference).abs() <= bound).all()  # same codes; scale, zero rounded to bf16
+
+
+def test_tiny_model_in_int4_keeps_greedy_sd_equal_to_greedy_ar():
+    pair = load_pair("random", weights="int4")
+    assert pair.weights == "int4"
+    for model in (pair.drafter, pair.verifier):
+        assert any(isinstance(m, Int4Linear) for m in model.modules())
+        assert not any(type(m) is torch.nn.Linear and m.out_features % 16 == 0 for m in model.modules())
+    prompt = "The quick brown fox"
+    ar, sd = generate(pair, prompt, "ar", GREEDY), generate(pair, prompt, "sd", GREEDY)
+    assert sd.token_ids == ar.token_ids and len(ar.token_ids) == GREEDY.max_new_tokens
+    via = generate(pair, prompt, "via", GREEDY)  # the slim verifier runs the int4 modules too
+    assert len(via.token_ids) == GREEDY.max_new_tokens
+
+
+def test_slim_verifier_without_skips_equals_the_int4_verifier():
+    pair = load_pair("random", weights="int4", route="none")
+    ids = torch.tensor([pair.encode("hello there", chat=False)])
+    with torch.inference_mode():
+        assert torch.allclose(pair.slim(ids).logits, pair.verifier(ids).logits, atol=1e-5)
+
+
+def test_weights_setting_is_recorded_in_every_trace():
+    auto = load_pair("random")
+    assert resolve_weights("auto", "cpu") == "int4" and resolve_weights("auto", "cuda") == "bf16"
+    trace = generate(auto, "abc", "sd", DecodeConfig(gamma=2, max_new_tokens=4))
+    assert trace.models["weights"] == "fp32" and trace.models["weights_requested"] == "auto"
+    int4 = load_pair("random", weights="int4")
+    trace = generate(int4, "abc", "ar", DecodeConfig(gamma=2, max_new_tokens=4))
+    assert trace.models["weights"] == "int4" and len(trace.token_ids) == 4
+    with pytest.raises(ValueError, match="int3"):
+        load_pair("random", weights="int3")
+    with pytest.raises(ValueError, match="'int8-dyn': choose one of auto, fp32, bf16, int4"):
+        load_pair("random", weights="int8-dyn")  # dropped: torch deprecates its API, and it missed the 0.99 rule
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error a machine without CUDA gives")
+def test_asking_for_cuda_without_one_is_a_clear_error_not_a_cpu_pair():
+    for preset in ("random", "embedded"):
+        with pytest.raises(ValueError, match="sees no CUDA device"):
+            load_pair(preset, device="cuda")
+
+
+def codes_model(kinds: dict[str, str], exact_top1: bool = True):
+    """A one-layer Llama whose tensors named in `kinds` are GGUF codes of that type (random valid
+    blocks), the rest random floats; returns (the int4 model, {name: reference fp32 weight})."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from via_sd.weights.gguf_pack import build_model
+
+    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
+                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    tensors, meta, reference, g = {}, {}, {}, torch.Generator().manual_seed(0)
+    for i, (name, param) in enumerate(skeleton.named_parameters()):
+        if name in kinds:
+            raw = k_quant_blocks(kinds[name], rows=param.shape[0], cols=param.shape[1], seed=i)
+            codes = decompose(raw, kinds[name], tuple(param.shape))
+            tensors.update({f"{name}.codes": torch.from_numpy(codes.codes), f"{name}.scale": torch.from_numpy(codes.scale)})
+            if codes.offset is not None:
+                tensors[f"{name}.offset"] = torch.from_numpy(codes.offset)
+            meta[name] = {"type": kinds[name], "bits": codes.bits, "group": codes.group, "zero": codes.zero,
+                          "shape": list(param.shape), "unpacked": True}
+            reference[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kinds[name]]).reshape(param.shape))
+        else:
+            tensors[name] = torch.randn(param.shape, generator=g) * 0.02
+    return build_model(config, Entries(tensors, meta), "int4", exact_top1=exact_top1), reference
+
+
+def test_wider_gguf_tensors_become_int8_and_the_head_is_rescored_exactly():
+    down, head = "model.layers.0.mlp.down_proj.weight", "lm_head.weight"
+    model, reference = codes_model({down: "Q6_K", head: "Q6_K", "model.layers.0.mlp.up_proj.weight": "Q5_K"})
+    layer = model.model.layers[0].mlp.down_proj
+    assert isinstance(layer, Int8Linear) and isinstance(model.model.layers[0].mlp.up_proj, Int8Linear)
+    w = reference[down]  # 6-bit values -> int8 per row: within half a step (+ the bf16 row scale)
+    assert ((layer.dequantize() - w).abs().amax(1) <= w.abs().amax(1) * (1 / 254 + 2 ** -8)).all()
+    x = torch.randn(5, 256)
+    exact = x.bfloat16().float() @ layer.dequantize().t()
+    assert (layer(x) - exact).abs().max() <= 1e-2 * exact.abs().max()  # the kernel returns bf16
+    # the head: int4 of 6-bit values ranks the vocabulary, its best 16 are re-scored from the codes
+    assert isinstance(model.lm_head, RescoredHead) and isinstance(model.lm_head.head, Int4Linear)
+    h = torch.randn(40, 256)
+    logits, exact = model.lm_head(h), h @ reference[head].t()
+    top = exact.topk(3, -1).indices
+    assert torch.equal(logits.argmax(-1), exact.argmax(-1))
+    assert torch.allclose(logits.gather(-1, top), exact.gather(-1, top), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(model.lm_head.head(h), exact, atol=1e-3)  # which int4 alone would not be
+    one_by_one = torch.cat([model.lm_head(h[i:i + 1]) for i in range(len(h))])
+    assert torch.equal(one_by_one, logits)  # each row on its own, whatever the batch
+    drafter, _ = codes_model({down: "Q6_K", head: "Q6_K"}, exact_top1=False)  # a drafter: all int4, fastest
+    assert isinstance(drafter.lm_head, Int4Linear) and isinstance(drafter.model.layers[0].mlp.down_proj, Int4Linear)
+
+
+def test_int8_linear_equals_the_dequantized_fp32_linear_and_refuses_odd_widths():
+    from via_sd.weights.settings import int8_shape_ok
+
+    w, x = torch.randn(96, 512) * 0.05, torch.randn(7, 512)
+    layer = Int8Linear.from_float([w[:64], w[64:]])
+    assert ((layer.dequantize() - w).abs().amax(1) <= w.abs().amax(1) * (1 / 254 + 2 ** -8)).all()
+    exact = x.bfloat16().float() @ layer.dequantize().t()
+    assert (layer(x) - exact).abs().max() <= 1e-2 * exact.abs().max()
+    assert torch.equal(layer(x[3:4]), layer(x)[3:4])  # a row's result does not depend on the batch
+    assert int8_shape_ok(96, 512) and not int8_shape_ok(96, 100)  # torch's kernel crashes on such widths
+
+
+def test_an_int4_verification_pass_computes_what_one_token_steps_compute_bit_for_bit():
+    """Up to the output head (the tiny model's 97-token head is too narrow for the kernel and stays an
+    fp32 matmul, whose result may depend on the batch; the embedded verifier's head is int4). Batched
+    SDPA happens to match here too; on the embedded verifier (grouped-query attention) it moved logits
+    by up to 0.125 (BENCHMARKS.md), which row attention brings to 0."""
+    from transformers import DynamicCache
+
+    pair = load_pair("random", weights="int4", route="none")
+    base = pair.verifier.base_model
+    assert pair.verifier.config._attn_implementation == "via_sd_rows"
+    prompt = torch.tensor([pair.encode("The quick brown fox jumps", chat=False)])
+    new = torch.tensor([pair.encode("over the lazy", chat=False)])
+    with torch.inference_mode():
+        cache = DynamicCache()
+        base(prompt, past_key_values=cache, use_cache=True)
+        steps = torch.cat([base(new[:, i:i + 1], past_key_values=cache, use_cache=True).last_hidden_state[0]
+                           for i in range(new.shape[1])])
+        cache.crop(-new.shape[1])
+        batch = base(new, past_key_values=cache, use_cache=True).last_hidden_state[0]
+    assert new.shape[1] >= 6 and torch.equal(batch, steps)
+
+
+def test_a_codes_cache_file_reads_back_whole_and_through_its_memory_map(tmp_path):
+    """4-bit codes stored two a byte come back as the same codes, read whole or as a memory-mapped
+    view; exact rows of a mapped tensor equal the reference de-quantizer's rows."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from via_sd.weights.gguf_pack import WEIGHTS_FILE
+    from via_sd.weights.settings import pack_nibbles
+
+    raw = k_quant_blocks("Q4_K", rows=64, cols=256)
+    codes = decompose(raw, "Q4_K", (64, 256))
+    name = "lm_head.weight"
+    save_file({f"{name}.codes": torch.from_numpy(pack_nibbles(codes.codes)).contiguous(),
+               f"{name}.scale": torch.from_numpy(codes.scale), f"{name}.offset": torch.from_numpy(codes.offset)},
+              str(tmp_path / WEIGHTS_FILE), metadata={"via_sd": json.dumps(
+                  {name: {"type": "Q4_K", "bits": 4, "group": 32, "zero": 0, "shape": [64, 256]}})})
+    entries = Entries.from_cache(tmp_path)
+    whole, mapped = entries.codes(name), entries.codes(name, mapped=True)
+    for a, b in zip(whole[:3], mapped[:3]):
+        assert torch.equal(a, b)
+    assert torch.equal(whole[0], torch.from_numpy(codes.codes))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
+    ids = torch.tensor([[3, 60], [0, 17]])
+    assert torch.equal(entries.exact_rows(name)(ids), reference[ids])
+
+
+def tiny_int4_llama(seed: int = 0):
+    """A 2-layer Llama in int4 whose q/k/v and gate/up are whole 64-row blocks (so they can be fused)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from via_sd.weights.settings import apply_weights
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    return apply_weights(AutoModelForCausalLM.from_config(config).eval(), "int4")
+
+
+def test_fused_qkv_and_gate_up_give_the_separate_layers_outputs_bit_for_bit():
+    import copy
+
+    from transformers import DynamicCache
+
+    from via_sd.weights.fused import FusedPart, fuse_linears
+
+    model = tiny_int4_llama()
+    fused = copy.deepcopy(model)
+    assert fuse_linears(fused) == 4  # q/k/v and gate/up in each of 2 layers
+    attn = fused.model.layers[0].self_attn
+    assert all(isinstance(getattr(attn, n), FusedPart) for n in ("q_proj", "k_proj", "v_proj"))
+    assert attn.q_proj.fused is attn.v_proj.fused and attn.q_proj.fused.layer.out_features == 128 + 64 + 64
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    outputs = []
+    for m in (model, fused):
+        with torch.inference_mode():
+            cache = DynamicCache()
+            read = m(ids[:, :30], past_key_values=cache).logits
+            steps = [m(ids[:, i:i + 1], past_key_values=cache).logits for i in range(30, 34)]
+            extend = m(ids[:, 34:], past_key_values=cache).logits
+        outputs.append([read, *steps, extend])
+    assert all(torch.equal(a, b) for a, b in zip(*outputs))
+    part = attn.q_proj.fused
+    assert part._x is None and part._y is None  # no activations held between passes
+
+
+def test_rescored_head_never_returns_a_token_it_did_not_rescore():
+    """Constructed: exact re-scoring lowers all 16 best int4 logits below the int4 logit of the 17th;
+    the 17th (never re-scored) must not win, nor any other token outside the 16."""
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    head = Int4Linear.from_float(w)
+    h = torch.randn(3, 64)
+    top16 = head(h).topk(16, -1).indices
+
+    def exact_rows(ids):  # re-scored logit of every row: -50 (far below any int4 logit here)
+        return -50 * h[:, None, :] / (h[:, None, :] ** 2).sum(-1, keepdim=True) + 0 * ids[..., None]
+
+    rescored = RescoredHead(head, exact_rows)
+    logits = rescored(h)
+    assert all(int(logits[i].argmax()) in top16[i].tolist() for i in range(3))
+    inside = logits.gather(-1, top16)
+    assert torch.allclose(inside, torch.full_like(inside, -50.0), atol=1e-4)
+    outside = logits.scatter(-1, top16, float("-inf"))
+    assert (outside.amax(-1) < inside.amin(-1)).all()
+
+
+def test_every_pass_takes_the_kernel_so_a_row_gets_the_same_bits_at_any_row_count(tmp_path, monkeypatch):
+    """The rule fixed in code (int4.KERNEL_RULE): no row count switches the path, so each row of a long prompt read
+    is what that row alone gives, on every machine; a kernel table an older version measured is never read."""
+    monkeypatch.setenv("VIA_SD_CACHE", str(tmp_path))
+    (tmp_path / "lowbit-kernels.json").write_text('{"any machine": {"320x160": 32}}')  # the old timed table
+    layer = Int4Linear.from_float(torch.randn(320, 160) * 0.05)
+    x = torch.randn(600, 160)
+    with torch.inference_mode():
+        alone = torch.cat([layer(x[i:i + 1]) for i in range(0, 600, 37)])
+        for rows in (1, 37, 128, 600):
+            assert torch.equal(layer(x[:rows])[::37], alone[: len(range(0, rows, 37))]), rows
+
+
+def test_the_trace_names_the_kernel_rule_it_ran_under():
+    from via_sd.weights.linears import kernel_rule
+
+    pair = load_pair("random", weights="int4")
+    trace = generate(pair, "abc", "sd", DecodeConfig(gamma=2, max_new_tokens=3))
+    assert trace.models["kernels"] == kernel_rule()
+    assert torch.__version__ in kernel_rule() and torch.backends.cpu.get_cpu_capability() in kernel_rule()
+    fp32 = generate(load_pair("random"), "abc", "sd", DecodeConfig(gamma=2, max_new_tokens=3))
+    assert fp32.models["kernels"].startswith("torch float32 matmuls") and Trace.from_json(fp32.to_json()) == fp32

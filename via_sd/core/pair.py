@@ -1,0 +1,334 @@
+"""Load a drafter / verifier pair: presets, hub ids, local folders, GGUF files.
+
+`weights=` picks the precision (lowbit.py): "auto" is int4 on CPU and bf16 on CUDA; "fp32",
+"bf16" and "int4" work with every source. A verifier is spread over several GPUs with
+accelerate's `device_map="auto"`. Remote code is never trusted. The slim verifier is a routed view of the
+verifier (see routing.py), so a pair holds two sets of weights, not three.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .opening import Openings
+from .provisional import provisional_route
+from .routing import Route, SlimVerifier, resolve_route
+
+PRESETS = {
+    "embedded": {"drafter": "embedded:drafter", "verifier": "embedded:verifier", "route": "embedded-default",
+                 "about": "Qwen2.5-Coder 0.5B -> 1.5B Instruct, offline from PyPI wheels (CPU, int4 by default)"},
+    "gpu": {"drafter": "Qwen/Qwen2.5-0.5B-Instruct", "verifier": "Qwen/Qwen2.5-7B-Instruct", "route": None,
+            "about": "Qwen2.5 0.5B -> 7B Instruct from the hub, for a 24 GB+ GPU (bf16)"},
+    "cpu": {"drafter": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "verifier": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            "route": "embedded-default", "about": "Qwen2.5-Coder 0.5B -> 1.5B Instruct from the hub, for laptops"},
+    "tiny": {"drafter": "HuggingFaceTB/SmolLM2-135M-Instruct", "verifier": "HuggingFaceTB/SmolLM2-360M-Instruct",
+             "route": None, "about": "SmolLM2 135M -> 360M Instruct from the hub, for quick looks"},
+    "random": {"drafter": "random:drafter", "verifier": "random:verifier", "route": "none",
+               "about": "tiny random-weight Llama pair built in memory (mechanics only, gibberish text)"},
+}
+# Sentences whose token ids a drafter and verifier must agree on.
+_TOKENIZER_PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
+
+Progress = Callable[[str, float], None]
+
+
+class ModelLoadError(RuntimeError):
+    """A model could not be loaded; the message says what to change."""
+
+
+@dataclass
+class ModelPair:
+    """A drafter, a full verifier and its slim view, sharing one tokenizer."""
+
+    drafter: torch.nn.Module
+    verifier: torch.nn.Module
+    slim: SlimVerifier
+    tokenizer: object
+    drafter_name: str
+    verifier_name: str
+    device: torch.device
+    dtype: torch.dtype
+    weights: str = "fp32"                # the resolved setting: fp32 | bf16 | int4
+    weights_requested: str | None = None  # what the caller asked for ("auto" when chosen for them)
+    # the chat template's opening, read once into each kind of cache a run starts from (via_sd.core.opening); one
+    # object for the pair and its copies (dataclasses.replace: the app's per-run views with another route)
+    openings: Openings | None = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self):
+        if self.openings is None:
+            self.openings = Openings(self.tokenizer)
+
+    @property
+    def route(self) -> Route:
+        return self.slim.route
+
+    @property
+    def vocab_size(self) -> int:
+        """Logits are compared on the ids both models have (padding ids beyond are dropped)."""
+        return min(self.drafter.config.vocab_size, self.verifier.config.vocab_size)
+
+    @property
+    def eos_ids(self) -> set[int]:
+        ids = set()
+        for source in (self.tokenizer.eos_token_id, getattr(self.verifier.generation_config, "eos_token_id", None)):
+            ids.update(source if isinstance(source, (list, tuple)) else [source] if source is not None else [])
+        return ids
+
+    def encode(self, prompt: str, chat: bool = True) -> list[int]:
+        """Prompt -> token ids, through the chat template when the tokenizer has one."""
+        if chat and getattr(self.tokenizer, "chat_template", None):
+            prompt = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
+            return self.tokenizer(prompt, add_special_tokens=False).input_ids
+        return self.tokenizer(prompt).input_ids
+
+    def describe(self) -> dict:
+        return {"drafter": self.drafter_name, "verifier": self.verifier_name, "route": self.route.name,
+                "skipped": list(self.route.skip), "skip_fraction": self.route.skip_fraction,
+                "weights": self.weights, "weights_requested": self.weights_requested or self.weights,
+                "drafter_weights": getattr(self.drafter, "via_sd_weights", self.weights),
+                "verifier_weights": getattr(self.verifier, "via_sd_weights", self.weights),
+                "kernels": self.kernels()}
+
+    def kernels(self) -> str:
+        """The rule that picks each pass's matmul path, and what its numbers depend on (two traces that differ can
+        be told apart): int4's fixed kernel rule on CPU, else the dtype's matmuls on this device."""
+        from ..weights.linears import kernel_rule
+
+        if self.weights == "int4":
+            return kernel_rule()
+        where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" \
+            else torch.backends.cpu.get_cpu_capability()
+        return f"torch {str(self.dtype).replace('torch.', '')} matmuls (torch {torch.__version__}, {where})"
+
+    @property
+    def costs(self):
+        """The pair's cost profile on this machine (via_sd.cost.model.CostProfile): read from the cache, measured
+        once when missing (via_sd.core.profile; about a minute for the embedded pair on 2 cores)."""
+        if getattr(self, "_costs", None) is None or self._costs.key.get("route") != list(self.route.skip):
+            from .profile import profile_for
+
+            self._costs = profile_for(self)
+        return self._costs
+
+    def set_route(self, route) -> None:
+        """Switch the slim verifier's route (weights stay shared)."""
+        self.slim = SlimVerifier(self.verifier, resolve_route(route, self.verifier.config.num_hidden_layers))
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _report(progress: Progress | None, message: str, fraction: float) -> None:
+    if progress is not None:
+        progress(message, fraction)
+
+
+def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32",
+                exact_top1: bool = True):
+    """A causal LM and its tokenizer from a hub id, a local folder, a .gguf file or a codes cache.
+    `exact_top1`: see gguf_pack.build_model (True for a verifier, False for a drafter)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..weights.gguf_pack import WEIGHTS_FILE, Entries, build_model, gguf_config
+    from ..weights.settings import apply_weights
+
+    if Path(source, WEIGHTS_FILE).is_file():  # the embedded cache: GGUF codes, built into any setting
+        from transformers import AutoConfig, GenerationConfig
+
+        model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights,
+                            exact_top1=exact_top1)
+        model.generation_config = GenerationConfig.from_pretrained(source)
+        return model.to(device).eval(), AutoTokenizer.from_pretrained(source)
+    if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
+        from gguf import GGUFReader
+
+        reader = GGUFReader(source)
+        config = gguf_config(source, reader)
+        model = build_model(config, Entries.from_gguf(source, config, reader), weights, exact_top1=exact_top1)
+        path = Path(source)
+        return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    kwargs = {"dtype": dtype, "trust_remote_code": False}
+    folder, gguf = source, None
+    if source.endswith(".gguf"):
+        path = Path(source)
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file {source} does not exist")
+        folder, gguf = str(path.parent), path.name
+        kwargs["gguf_file"] = gguf
+    elif Path(source).exists() and not Path(source, "config.json").is_file():
+        raise ModelLoadError(f"{source} is a folder without config.json: point at a saved model folder")
+    if spread:
+        kwargs["device_map"] = "auto"  # accelerate places layers over every visible GPU
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf, trust_remote_code=False)
+    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    if not spread:
+        model.to(device)
+    return apply_weights(model.eval(), weights), tokenizer
+
+
+def _resolve_source(source: str, progress: Progress | None) -> str:
+    if source.startswith("embedded:"):
+        from ..weights.embedded import embedded_model_dirs
+
+        drafter_dir, verifier_dir = embedded_model_dirs(progress=progress)
+        return str(drafter_dir if source == "embedded:drafter" else verifier_dir)
+    return source
+
+
+def _check_same_tokenization(drafter_tok, verifier_tok, drafter_name: str, verifier_name: str) -> None:
+    for text in _TOKENIZER_PROBES:
+        a, b = drafter_tok(text).input_ids, verifier_tok(text).input_ids
+        if a != b:
+            raise ValueError(
+                f"drafter {drafter_name!r} and verifier {verifier_name!r} tokenize differently "
+                f"({text!r} -> {a[:8]}... vs {b[:8]}...); speculative decoding needs one shared vocabulary: "
+                "pick models of the same family")
+
+
+def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier: str | None = None,
+              route=None, device=None, dtype=None, weights: str = "auto",
+              progress: Progress | None = None) -> ModelPair:
+    """Load a preset ("embedded", "gpu", "cpu", "tiny", "random") or a free drafter/verifier choice.
+
+    `route`: a shipped route name, a JSON path, a list like ["attn.7", "mlp.12"], or "none".
+    `weights`: "auto" (int4 on CPU, bf16 on CUDA; fp32 for the tiny "random" pair), "fp32", "bf16",
+    or "int4" (see lowbit.py). `device`: "cpu", "cuda" (an error when torch sees no CUDA device) or a torch.device.
+    """
+    from ..weights.settings import apply_weights, resolve_weights
+
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+        spec = PRESETS[preset]
+        drafter, verifier = drafter or spec["drafter"], verifier or spec["verifier"]
+        route = spec["route"] if route is None else route
+    if not drafter or not verifier:
+        raise ValueError("name a preset, or both a drafter and a verifier (hub id, folder or .gguf file)")
+    device = torch.device(device) if device is not None else default_device()
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r} was asked for, but this torch build sees no CUDA device "
+                         f"(torch {torch.__version__}): leave device unset or use 'cpu'")
+    requested = weights or "auto"
+    if drafter.startswith("random:"):  # mechanics only: auto keeps the tiny models in fp32
+        weights = resolve_weights("fp32" if requested == "auto" else requested, device)
+        pair = tiny_random_pair(route=route)
+        if weights != "fp32":
+            apply_weights(pair.drafter, weights)
+            apply_weights(pair.verifier, weights)
+            pair.dtype = torch.bfloat16 if weights == "bf16" else torch.float32
+        if device.type != "cpu":
+            pair.drafter.to(device)
+            pair.verifier.to(device)
+            pair.device = device
+        _batch_invariant(pair.verifier, weights)
+        pair.weights, pair.weights_requested = weights, requested
+        return pair
+    weights = resolve_weights(requested, device)
+    dtype = dtype or (torch.bfloat16 if weights == "bf16" else torch.float32)
+
+    models = []
+    try:
+        _report(progress, f"loading drafter {drafter}", 0.05)
+        d_model, d_tok = _load_model(_resolve_source(drafter, progress), dtype, device, spread=False, weights=weights,
+                                     exact_top1=False)
+        models.append(d_model)
+        _report(progress, f"loading verifier {verifier}", 0.5)
+        spread = device.type == "cuda" and torch.cuda.device_count() > 1
+        v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
+                                     weights=weights)
+        models.append(v_model)
+        _batch_invariant(v_model, weights)
+        _check_same_tokenization(d_tok, v_tok, drafter, verifier)
+        slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
+    except Exception as err:
+        models.clear()  # nothing half-loaded stays in memory
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        if isinstance(err, (ValueError, ModelLoadError)):
+            raise
+        raise ModelLoadError(f"could not load the pair {drafter!r} -> {verifier!r}: {err}") from err
+    names = {"embedded:drafter": "Qwen2.5-Coder-0.5B-Instruct (embedded)",
+             "embedded:verifier": "Qwen2.5-Coder-1.5B-Instruct (embedded)"}
+    pair = ModelPair(d_model, v_model, slim, v_tok, names.get(drafter, drafter), names.get(verifier, verifier),
+                     device, dtype, weights, requested)
+    if preset is not None and route is None:  # no shipped route: a rule's at once (faces then call pick_route)
+        pair.set_route(provisional_route(v_model.config.num_hidden_layers))
+    _report(progress, "models ready", 1.0)
+    return pair
+
+
+def _batch_invariant(verifier, weights: str) -> None:
+    """int4: the verifier's linears compute every row on its own; row attention makes the rest do so,
+    so a verification pass gives bit for bit the logits of one-token steps (greedy SD == greedy AR)."""
+    if weights == "int4":
+        from ..weights.row_attention import use_row_attention
+
+        use_row_attention(verifier)
+
+
+def char_tokenizer():
+    """A character-level tokenizer (printable ASCII + newline) for tiny test models."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<unk>": 0, "<eos>": 1}
+    for ch in ["\n", *map(chr, range(32, 127))]:
+        vocab[ch] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>")
+
+
+def tiny_random_pair(seed: int = 0, drafter_layers: int = 2, verifier_layers: int = 4, hidden: int = 64,
+                     route=None, eos: bool = False) -> ModelPair:
+    """A random-weight Llama drafter/verifier pair with a character tokenizer; builds in well under a second.
+
+    `eos=False` keeps the end-of-sequence logit at -inf so runs always reach max_new_tokens.
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = char_tokenizer()
+
+    def build(layers: int, offset: int):
+        torch.manual_seed(seed + offset)
+        cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=2048, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.eos_token_id, bos_token_id=None, tie_word_embeddings=False)
+        model = LlamaForCausalLM(cfg).eval()
+        with torch.no_grad():  # std 0.02 init gives near-uniform outputs; sharper ones exercise every tier
+            model.lm_head.weight.mul_(40.0)
+        model.generation_config.eos_token_id = tokenizer.eos_token_id if eos else None
+        if not eos:
+            _suppress_token(model, tokenizer.eos_token_id)
+        return model
+
+    verifier = build(verifier_layers, 1)
+    with torch.no_grad():  # later layers refine rather than overwrite, as in trained models
+        for layer in verifier.model.layers[drafter_layers:]:
+            layer.self_attn.o_proj.weight.mul_(0.3)
+            layer.mlp.down_proj.weight.mul_(0.3)
+    drafter = build(drafter_layers, 2)
+    # The drafter is the verifier's embedding, first layers and head, so the two often agree, as a
+    # real drafter and verifier of one family do (independent random models would never agree).
+    drafter.load_state_dict(verifier.state_dict(), strict=False)
+    slim = SlimVerifier(verifier, resolve_route(route, verifier_layers))
+    return ModelPair(drafter, verifier, slim, tokenizer, "random-llama-2L", "random-llama-4L",
+                     torch.device("cpu"), torch.float32)
+
+
+def _suppress_token(model, token_id: int) -> None:
+    """Adds -inf to one output logit, so that token is never chosen."""
+    bias = torch.zeros(model.config.vocab_size)
+    bias[token_id] = float("-inf")
+    model.lm_head.register_buffer("suppress", bias, persistent=False)
+    model.lm_head.register_forward_hook(lambda mod, _inp, out: out + mod.suppress)
