@@ -30,3 +30,11 @@ def test_the_preset_control_states_each_tuned_presets_held_out_speed_and_agreeme
     for name, result in held["presets"].items():
         assert f"{name} {result['speedup_vs_ar']:.2f}× AR at agreement {result['agreement']:.3f}" in info
     assert f"{held['pairs']} held-out prompts" in info and held["date"] in info
+
+
+def test_the_readme_states_fastests_held_out_figures_as_recorded():
+    from studio.lab import held_out_results
+
+    held = held_out_results()["presets"]["fastest"]
+    readme = (PROMPTS.parent.parent / "README.md").read_text(encoding="utf-8")
+    assert f"**{held['speedup_vs_ar']:.2f}× AR at agreement {held['agreement']:.3f}**" in readme

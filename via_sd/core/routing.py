@@ -20,7 +20,7 @@ from transformers.masking_utils import create_causal_mask, create_sliding_window
 
 from ..weights.row_attention import extending
 
-ROUTES_DIR = Path(__file__).resolve().parent.parent / "assets" / "routes"
+ROUTES_DIR = Path(__file__).resolve().parents[2] / "assets" / "routes"
 _SUBLAYER = re.compile(r"^(attn|mlp)\.(\d+)$")
 
 
