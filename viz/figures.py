@@ -25,6 +25,76 @@ SIGNAL_TEXT = {"slim": "r = q′(x) / max q′ (slim verifier)", "draft": "r = p
 
 # ---- confidence vs thresholds --------------------------------------------------------------------
 
+def _retiered(trace, thresholds: Any) -> tuple[list[dict], dict | None, dict | None]:
+    """(candidates, thresholds, estimate): re-tiered by `viz.what_if` when other thresholds are asked for."""
+    cands = trace.candidates()
+    th = trace_thresholds(trace)
+    if thresholds is None or th is None:
+        return cands, th, None
+    new = thresholds_dict(thresholds if not isinstance(thresholds, dict) or "signal" in thresholds
+                          else {**thresholds, "signal": th["signal"]})
+    if new == th:
+        return cands, th, None
+    estimate = what_if(trace, new)
+    cands = [dict(c, **{k: e[k] for k in ("tier", "decision", "confidence")})
+             for c, e in zip(cands, estimate["candidates"])]
+    return cands, estimate["thresholds"], estimate
+
+
+def _tier_bands(fig: go.Figure, th: dict, theme: str) -> None:
+    """The three tier bands, shaded and named, and the accept / escalate thresholds as dashed lines."""
+    op = P.band_opacity(theme)
+    for tier, y0, y1 in (("draft", th["accept"], 1.0), ("slim", th["escalate"], th["accept"]),
+                         ("full", 0.0, th["escalate"])):
+        if y1 > y0:
+            fig.add_hrect(y0=y0, y1=y1, fillcolor=P.COLOR_BY_TIER[tier], opacity=op, line_width=0, layer="below")
+            fig.add_annotation(text=P.TIER_NAMES[tier].replace(": ", "<br>"), xref="paper", yref="y", x=1.01,
+                               y=(y0 + y1) / 2, xanchor="left", yanchor="middle", showarrow=False, align="left",
+                               font=dict(size=14, color=P.neutral_color(theme)))
+    same = th["accept"] == th["escalate"]  # one line, one label: no tier B band
+    for key in ("accept",) if same else ("accept", "escalate"):
+        label = f"accept = escalate = {th[key]:.2f}" if same else f"{key} = {th[key]:.2f}"
+        fig.add_hline(y=th[key], line=dict(color=P.neutral_color(theme), width=2, dash="dash"),
+                      annotation=dict(text=label, xanchor="left", x=0.005,
+                                      font=dict(size=15, color=P.neutral_color(theme))),
+                      annotation_position="top left", name=f"{key} threshold")
+
+
+def _candidate_points(label: str, group: list[dict], xs: dict, y_key: str, theme: str) -> go.Scatter:
+    """One legend entry: the candidates of one label, with every recorded number on hover."""
+    return go.Scatter(
+        x=[xs[id(c)] for c in group], y=[c.get(y_key) for c in group], mode="markers", name=label,
+        marker=dict(color=P.CANDIDATE_COLORS[label], size=12 if label != P.DISCARDED else 10,
+                    symbol=MARKERS.get(label, "circle"),
+                    line=dict(width=2.5 if label in MARKERS else 0.8,
+                              color=P.CANDIDATE_COLORS[label] if label in MARKERS else P.neutral_color(theme))),
+        customdata=[[_hover_text(c.get("text", "")), _esc(c.get("round")), _esc(c.get("pos", 0) + 1),
+                     fmt_prob(c.get("p_draft")), fmt_prob(c.get("q_slim")), fmt_prob(c.get("q_full")),
+                     fmt_prob(c.get("confidence")), _esc(f"{TIER_LETTER.get(c.get('tier'), '?')} ({c.get('tier')})"),
+                     _esc(c.get("decision"))] for c in group],
+        hovertemplate=("<b>%{customdata[0]}</b><br>round %{customdata[1]}, draft %{customdata[2]}"
+                       "<br>tier %{customdata[7]}: %{customdata[8]}<br>p_draft %{customdata[3]} · q_slim "
+                       "%{customdata[4]} · q_full %{customdata[5]}<br>confidence r %{customdata[6]}"
+                       f"<extra>{label}</extra>"),
+    )
+
+
+def _add_candidates(fig: go.Figure, cands: list[dict], y_key: str, theme: str) -> int:
+    """The candidates in drafting order, one trace per label; returns how many had no y to draw."""
+    xs = {id(c): n for n, c in enumerate(cands, start=1)}
+    missing = 0
+    by_label: dict[str, list] = {lab: [] for lab in CANDIDATE_ORDER}
+    for c in cands:
+        if not is_number(c.get(y_key)):
+            missing += 1
+            continue
+        by_label.setdefault(candidate_label(c), []).append(c)
+    for label, group in by_label.items():
+        if group:
+            fig.add_trace(_candidate_points(label, group, xs, y_key, theme))
+    return missing
+
+
 def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") -> go.Figure:
     """Every drafted candidate (discarded ones too) in drafting order against the thresholds.
 
@@ -40,27 +110,14 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
     if trace.method == "ar":
         return _empty(f"Draft confidence — {name}",
                       "Autoregressive decoding drafts nothing: every token comes from the full model.", theme)
-    cands = trace.candidates()
-    th = trace_thresholds(trace)
-    estimate = None
-    if thresholds is not None and th is not None:
-        new = thresholds_dict(thresholds if not isinstance(thresholds, dict) or "signal" in thresholds
-                              else {**thresholds, "signal": th["signal"]})
-        if new != th:
-            estimate = what_if(trace, new)
-            th = estimate["thresholds"]
-            cands = [dict(c, **{k: e[k] for k in ("tier", "decision", "confidence")})
-                     for c, e in zip(cands, estimate["candidates"])]
-
+    cands, th, estimate = _retiered(trace, thresholds)
     if th is not None:
-        ylabel = f"confidence {SIGNAL_TEXT.get(th['signal'], 'r')}"
-        get_y = (lambda c: c.get("confidence"))
+        ylabel, y_key = f"confidence {SIGNAL_TEXT.get(th['signal'], 'r')}", "confidence"
         title = f"Draft confidence vs thresholds — {name}"
         subtitle = (f"signal: {th['signal']} · accept ≥ {th['accept']:.2f} → tier A · escalate < "
                     f"{th['escalate']:.2f} → tier C · gamma = {_esc(trace.config.get('gamma', '?'))}")
     else:
-        ylabel = "drafter probability p(x)"
-        get_y = (lambda c: c.get("p_draft"))
+        ylabel, y_key = "drafter probability p(x)", "p_draft"
         title = f"Draft probabilities — {name}"
         subtitle = "plain SD has no thresholds: the full model checks every draft; y is the drafter's p(x)"
     notes = []
@@ -68,51 +125,10 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
         title = f"What if: {title} — ESTIMATE"
         notes.append(f"{ESTIMATE_LABEL}: {estimate['guessed_decisions']} decision(s) guessed, "
                      f"{estimate['changed_rounds']} of {estimate['rounds']} rounds end differently")
-
     fig = go.Figure()
     if th is not None:
-        op = P.band_opacity(theme)
-        for tier, y0, y1 in (("draft", th["accept"], 1.0), ("slim", th["escalate"], th["accept"]),
-                             ("full", 0.0, th["escalate"])):
-            if y1 > y0:
-                fig.add_hrect(y0=y0, y1=y1, fillcolor=P.COLOR_BY_TIER[tier], opacity=op, line_width=0, layer="below")
-                fig.add_annotation(text=P.TIER_NAMES[tier].replace(": ", "<br>"), xref="paper", yref="y", x=1.01,
-                                   y=(y0 + y1) / 2, xanchor="left", yanchor="middle", showarrow=False, align="left",
-                                   font=dict(size=14, color=P.neutral_color(theme)))
-        same = th["accept"] == th["escalate"]  # one line, one label: no tier B band
-        for key in ("accept",) if same else ("accept", "escalate"):
-            label = f"accept = escalate = {th[key]:.2f}" if same else f"{key} = {th[key]:.2f}"
-            fig.add_hline(y=th[key], line=dict(color=P.neutral_color(theme), width=2, dash="dash"),
-                          annotation=dict(text=label, xanchor="left", x=0.005,
-                                          font=dict(size=15, color=P.neutral_color(theme))),
-                          annotation_position="top left", name=f"{key} threshold")
-
-    xs = {id(c): n for n, c in enumerate(cands, start=1)}
-    missing = 0
-    by_label: dict[str, list] = {lab: [] for lab in CANDIDATE_ORDER}
-    for c in cands:
-        if not is_number(get_y(c)):
-            missing += 1
-            continue
-        by_label.setdefault(candidate_label(c), []).append(c)
-    for label, group in by_label.items():
-        if not group:
-            continue
-        fig.add_trace(go.Scatter(
-            x=[xs[id(c)] for c in group], y=[get_y(c) for c in group], mode="markers", name=label,
-            marker=dict(color=P.CANDIDATE_COLORS[label], size=12 if label != P.DISCARDED else 10,
-                        symbol=MARKERS.get(label, "circle"),
-                        line=dict(width=2.5 if label in MARKERS else 0.8,
-                                  color=P.CANDIDATE_COLORS[label] if label in MARKERS else P.neutral_color(theme))),
-            customdata=[[_hover_text(c.get("text", "")), _esc(c.get("round")), _esc(c.get("pos", 0) + 1),
-                         fmt_prob(c.get("p_draft")), fmt_prob(c.get("q_slim")), fmt_prob(c.get("q_full")),
-                         fmt_prob(c.get("confidence")), _esc(f"{TIER_LETTER.get(c.get('tier'), '?')} ({c.get('tier')})"),
-                         _esc(c.get("decision"))] for c in group],
-            hovertemplate=("<b>%{customdata[0]}</b><br>round %{customdata[1]}, draft %{customdata[2]}"
-                           "<br>tier %{customdata[7]}: %{customdata[8]}<br>p_draft %{customdata[3]} · q_slim "
-                           "%{customdata[4]} · q_full %{customdata[5]}<br>confidence r %{customdata[6]}"
-                           f"<extra>{label}</extra>"),
-        ))
+        _tier_bands(fig, th, theme)
+    missing = _add_candidates(fig, cands, y_key, theme)
     if missing:
         notes.append(f"{missing} draft(s) without a recorded {'confidence' if th else 'p(x)'} are not shown")
     _style(fig, theme, title, subtitle, height=600, notes=notes,
@@ -124,6 +140,47 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
 
 
 # ---- latency timeline ----------------------------------------------------------------------------
+
+def _round_segments(bars: dict, trace, name: str) -> float:
+    """Adds one trace's prefill and per-phase segments to `bars`; returns when its last round ends (ms)."""
+    prefill = float((trace.summary or {}).get("prefill_ms") or 0.0)
+    if prefill > 0:
+        b = bars["prefill"]
+        b["x"].append(prefill), b["y"].append(name), b["base"].append(0.0), b["custom"].append(["prompt", 0, ""])
+    end = prefill
+    per_round: dict = {}
+    for tok in trace.tokens:
+        per_round[tok.get("round")] = per_round.get(tok.get("round"), 0) + 1
+    for rnd in trace.rounds:
+        t = float(rnd.get("start_ms") or 0.0)
+        emitted = per_round.get(rnd.get("round"), 0)
+        for phase in ("draft", "slim", "full", "other"):
+            ms = float(rnd.get(f"{phase}_ms") or 0.0)
+            if ms <= 0:
+                continue
+            b = bars[phase]
+            b["x"].append(ms), b["y"].append(name), b["base"].append(t)
+            b["custom"].append([rnd.get("round"), emitted, f"{t:.1f}"])
+            t += ms
+        end = max(end, t)
+    return end
+
+
+def _phase_bar(phase: str, b: dict, sep: str) -> go.Bar:
+    """Every segment of one phase, across the traces, as one legend entry."""
+    phase_names = {"prefill": "prefill (prompt)", **P.PHASE_NAMES}
+    color = P.OKABE_ITO["grey"] if phase == "prefill" else P.PHASE_COLORS[phase]
+    return go.Bar(
+        x=b["x"], y=b["y"], base=b["base"], orientation="h", name=phase_names[phase],
+        marker=dict(color=color, line=dict(color=sep, width=0.6),
+                    pattern=dict(shape="/", fgcolor=sep) if phase == "prefill" else None),
+        customdata=b["custom"],
+        hovertemplate=(f"<b>{phase_names[phase]}</b> %{{x:.1f}} ms<br>round %{{customdata[0]}} · "
+                       "starts at %{customdata[2]} ms<br>tokens emitted in this round: %{customdata[1]}"
+                       "<extra>%{y}</extra>") if phase != "prefill" else
+                      "<b>prefill</b> %{x:.1f} ms<extra>%{y}</extra>",
+    )
+
 
 def latency_figure(traces: Any, theme: str = "light") -> go.Figure:
     """Per-round timeline: one row per trace (e.g. VIA-SD above SD above AR) on a shared time axis in ms.
@@ -138,45 +195,11 @@ def latency_figure(traces: Any, theme: str = "light") -> go.Figure:
     names = trace_names(traces)
     sep = "#111111" if theme == "dark" else "#FFFFFF"
     bars = {k: {"x": [], "y": [], "base": [], "custom": []} for k in ("prefill", "draft", "slim", "full", "other")}
-    ends = []
-    for trace, name in zip(traces, names):
-        prefill = float((trace.summary or {}).get("prefill_ms") or 0.0)
-        if prefill > 0:
-            b = bars["prefill"]
-            b["x"].append(prefill), b["y"].append(name), b["base"].append(0.0), b["custom"].append(["prompt", 0, ""])
-        end = prefill
-        per_round: dict = {}
-        for tok in trace.tokens:
-            per_round[tok.get("round")] = per_round.get(tok.get("round"), 0) + 1
-        for rnd in trace.rounds:
-            t = float(rnd.get("start_ms") or 0.0)
-            emitted = per_round.get(rnd.get("round"), 0)
-            for phase in ("draft", "slim", "full", "other"):
-                ms = float(rnd.get(f"{phase}_ms") or 0.0)
-                if ms <= 0:
-                    continue
-                b = bars[phase]
-                b["x"].append(ms), b["y"].append(name), b["base"].append(t)
-                b["custom"].append([rnd.get("round"), emitted, f"{t:.1f}"])
-                t += ms
-            end = max(end, t)
-        ends.append((name, end, len(trace.tokens)))
+    ends = [(name, _round_segments(bars, trace, name), len(trace.tokens)) for trace, name in zip(traces, names)]
     fig = go.Figure()
-    phase_names = {"prefill": "prefill (prompt)", **P.PHASE_NAMES}
     for phase, b in bars.items():
-        if not b["x"]:
-            continue
-        color = P.OKABE_ITO["grey"] if phase == "prefill" else P.PHASE_COLORS[phase]
-        fig.add_trace(go.Bar(
-            x=b["x"], y=b["y"], base=b["base"], orientation="h", name=phase_names[phase],
-            marker=dict(color=color, line=dict(color=sep, width=0.6),
-                        pattern=dict(shape="/", fgcolor=sep) if phase == "prefill" else None),
-            customdata=b["custom"],
-            hovertemplate=(f"<b>{phase_names[phase]}</b> %{{x:.1f}} ms<br>round %{{customdata[0]}} · "
-                           "starts at %{customdata[2]} ms<br>tokens emitted in this round: %{customdata[1]}"
-                           "<extra>%{y}</extra>") if phase != "prefill" else
-                          "<b>prefill</b> %{x:.1f} ms<extra>%{y}</extra>",
-        ))
+        if b["x"]:
+            fig.add_trace(_phase_bar(phase, b, sep))
     longest = max(e for _, e, _ in ends) or 1.0
     for name, end, n in ends:
         fig.add_annotation(x=end, y=name, text=f" {n} tokens in {end:,.0f} ms", xanchor="left", showarrow=False,
