@@ -24,6 +24,86 @@ def _route_label(route) -> str:
     return route.name if route.name != "custom" else ",".join(route.skip) or "none"
 
 
+def _settings(routes, signals, accept, escalate) -> list[tuple]:
+    """(route, signal, accept, escalate) of every grid point whose escalate is not above its accept."""
+    route_list = list(routes) if routes else [None]
+    settings = [(route, signal, a, e) for route in route_list for signal in signals
+                for a in accept for e in escalate if e <= a + 1e-9]
+    if not settings:
+        raise ValueError("the sweep grid is empty: every escalate value is above every accept value")
+    return settings
+
+
+def _via_config(config: DecodeConfig, setting: tuple) -> DecodeConfig:
+    """The run's config with the grid point's thresholds."""
+    _, signal, a, e = setting
+    return replace(config, thresholds=Thresholds(accept=a, escalate=min(e, a), signal=signal))
+
+
+def _use_route(pair, original, route) -> None:
+    """The pair's slim verifier for `route` (None: the one it came with)."""
+    pair.slim = original
+    if route is not None:
+        pair.set_route(route)
+
+
+def _point_meta(pair, original, settings: list[tuple]) -> list[dict]:
+    """Each grid point's route (as the pair resolves it) and thresholds."""
+    meta = []
+    for route, signal, a, e in settings:
+        _use_route(pair, original, route)
+        meta.append({"route": _route_label(pair.route), "skipped": list(pair.route.skip),
+                     "skip_fraction": pair.route.skip_fraction, "signal": signal, "accept": a, "escalate": e})
+    return meta
+
+
+def _measure(pair, original, prompts: list[dict], config: DecodeConfig, settings: list[tuple], repeats: int,
+             warmup: int, report, stop) -> tuple[list[dict], bool]:
+    """Plain SD and every grid point on every prompt, interleaved (rotated per prompt and repeat): (runs, stopped)."""
+    warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
+    for _ in range(warmup):
+        run_once(pair, prompts[0]["prompt"], "sd", warm_cfg)
+        _use_route(pair, original, settings[0][0])
+        run_once(pair, prompts[0]["prompt"], "via", replace(_via_config(config, settings[0]), max_new_tokens=16))
+    labels = ["sd"] + [f"point{k}" for k in range(len(settings))]
+    total, runs = repeats * len(prompts) * len(labels), []
+    for rep, i, label in ((rep, i, label) for rep in range(repeats) for i in range(len(prompts))
+                          for label in rotated(labels, rep * len(prompts) + i)):
+        if stop is not None and stop.is_set():
+            break
+        p = prompts[i]
+        if label == "sd":
+            record, _ = run_once(pair, p["prompt"], "sd", config)
+        else:
+            setting = settings[int(label[5:])]
+            _use_route(pair, original, setting[0])
+            record, _ = run_once(pair, p["prompt"], "via", _via_config(config, setting))
+        record.update(label=label, prompt_index=i, task=p["task"], repeat=rep, order=len(runs))
+        runs.append(record)
+        report(f"sweep {len(runs)}/{total}: {label} on prompt {i + 1}: {record['tokens_per_s']:.2f} tokens/s",
+               len(runs) / total)
+    return runs, len(runs) < total
+
+
+def _points(runs: list[dict], points_meta: list[dict]) -> list[dict]:
+    """Every measured grid point: speed-up against plain SD, fidelity and the tier statistics."""
+    measured = {r["label"] for r in runs}
+    points = []
+    for k, meta in enumerate(points_meta):
+        if f"point{k}" not in measured:
+            continue
+        m = metrics([r for r in runs if r["label"] == f"point{k}"], runs, label="label", ar=None, sd="sd",
+                    reference="sd")
+        points.append({**meta, "speedup": m["speedup_vs_sd"], "fidelity": m["agreement"],
+                       "tokens_per_s": m["tokens_per_s"], "mean_logprob": m["mean_logprob"],
+                       "logprob_delta_vs_sd": m["logprob_delta_vs_sd"], "identical_to_sd": m["identical_to_sd"],
+                       "rejection_rate": m["rejection_rate"], "verified_rejection_rate": m["verified_rejection_rate"],
+                       "unverified_share": m["unverified_share"], "mean_accepted_length": m["mean_accepted_length"],
+                       "full_calls_per_token": m["full_calls_per_token"],
+                       "slim_calls_per_token": m["slim_calls_per_token"], "tier_shares": m["tier_shares"]})
+    return points
+
+
 def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.7, 0.9), escalate=(0.0, 0.2, 0.4),
               signals=("slim", "draft"), routes=None, repeats: int = 1, warmup: int = 1, progress=None,
               stop=None) -> dict:
@@ -41,74 +121,19 @@ def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.
     report = progress or (lambda message, fraction: None)
     machine = machine_info(pair)
     original = pair.slim
-    route_list = list(routes) if routes else [None]
-    settings = [(route, signal, a, e) for route in route_list for signal in signals
-                for a in accept for e in escalate if e <= a + 1e-9]
-    if not settings:
-        raise ValueError("the sweep grid is empty: every escalate value is above every accept value")
-
-    def via_config(setting):
-        _, signal, a, e = setting
-        return replace(config, thresholds=Thresholds(accept=a, escalate=min(e, a), signal=signal))
-
-    def use_route(route):
-        pair.slim = original
-        if route is not None:
-            pair.set_route(route)
-
-    runs, points_meta = [], []
+    settings = _settings(routes, signals, accept, escalate)
     try:
-        for setting in settings:
-            use_route(setting[0])
-            points_meta.append({"route": _route_label(pair.route), "skipped": list(pair.route.skip),
-                                "skip_fraction": pair.route.skip_fraction, "signal": setting[1],
-                                "accept": setting[2], "escalate": setting[3]})
-        warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
-        for _ in range(warmup):
-            run_once(pair, prompts[0]["prompt"], "sd", warm_cfg)
-            use_route(settings[0][0])
-            run_once(pair, prompts[0]["prompt"], "via", replace(via_config(settings[0]), max_new_tokens=16))
-        labels = ["sd"] + [f"point{k}" for k in range(len(settings))]
-        total, done = repeats * len(prompts) * len(labels), 0
-        for rep, i, label in ((rep, i, label) for rep in range(repeats) for i in range(len(prompts))
-                              for label in rotated(labels, rep * len(prompts) + i)):
-            if stop is not None and stop.is_set():
-                break
-            p = prompts[i]
-            if label == "sd":
-                record, _ = run_once(pair, p["prompt"], "sd", config)
-            else:
-                setting = settings[int(label[5:])]
-                use_route(setting[0])
-                record, _ = run_once(pair, p["prompt"], "via", via_config(setting))
-            record.update(label=label, prompt_index=i, task=p["task"], repeat=rep, order=done)
-            runs.append(record)
-            done += 1
-            report(f"sweep {done}/{total}: {label} on prompt {i + 1}: {record['tokens_per_s']:.2f} tokens/s",
-                   done / total)
+        points_meta = _point_meta(pair, original, settings)
+        runs, stopped = _measure(pair, original, prompts, config, settings, repeats, warmup, report, stop)
     finally:
         pair.slim = original
-    stopped = done < total
-    measured = {r["label"] for r in runs}
-    if "sd" not in measured:  # stopped before the baseline ran: nothing to compare with
+    if "sd" not in {r["label"] for r in runs}:  # stopped before the baseline ran: nothing to compare with
         return {"schema": SCHEMA, "kind": "sweep", "stopped": True, "sd": None, "points": [], "frontier": [],
                 "best": None, "runs": runs}
     # SD's greedy output is the full model's own, so it is the fidelity reference
     score_runs(pair, runs, prompts, config, progress=report, label="label", reference="sd")
     sd = metrics([r for r in runs if r["label"] == "sd"], runs, label="label", ar=None, sd="sd", reference="sd")
-    points = []
-    for k, meta in enumerate(points_meta):
-        if f"point{k}" not in measured:
-            continue
-        m = metrics([r for r in runs if r["label"] == f"point{k}"], runs, label="label", ar=None, sd="sd",
-                    reference="sd")
-        points.append({**meta, "speedup": m["speedup_vs_sd"], "fidelity": m["agreement"],
-                       "tokens_per_s": m["tokens_per_s"], "mean_logprob": m["mean_logprob"],
-                       "logprob_delta_vs_sd": m["logprob_delta_vs_sd"], "identical_to_sd": m["identical_to_sd"],
-                       "rejection_rate": m["rejection_rate"], "verified_rejection_rate": m["verified_rejection_rate"],
-                       "unverified_share": m["unverified_share"], "mean_accepted_length": m["mean_accepted_length"],
-                       "full_calls_per_token": m["full_calls_per_token"],
-                       "slim_calls_per_token": m["slim_calls_per_token"], "tier_shares": m["tier_shares"]})
+    points = _points(runs, points_meta)
     front = pareto(points)
     for p in points:
         p["pareto"] = p in front
