@@ -25,6 +25,82 @@ def search_route(pair, skip_ratio: float, calibration, *, name: str | None = Non
     return search_curve(pair, [skip_ratio], calibration, names=[name] if name else None, **options)[-1]
 
 
+class _Search:
+    """One lazy-greedy search: the passes it measures, the harm it has learned and the route so far."""
+
+    def __init__(self, pair, calibration, begin: Route, objective: str, candidates: int, swaps: int, progress, stop):
+        self.pair, self.begin, self.objective, self.candidates, self.swaps = pair, begin, objective, candidates, swaps
+        self.progress, self.stop = progress, stop
+        self.t0 = time.perf_counter()
+        verifier = pair.verifier
+        self.n = verifier.config.num_hidden_layers
+        self.tf = calibration if isinstance(calibration, TeacherForced) else TeacherForced(verifier, calibration)
+        sizes, _ = sublayer_sizes(verifier)
+        self.weight = {k: sizes[k] / max(sizes) if objective == "kl-per-cost" else 1.0 for k in skippable(self.n)}
+        self.current = self.tf.evaluate(skip_set(begin), record=True)
+        self.harm = {}  # KL added by each sub-layer, as last measured (stale for all but the latest step)
+        self.added = {}  # KL each skipped sub-layer added when it was chosen
+        self.done, self.planned, self.steps, self.accepted = 0, 0, [], []
+
+    def tell(self, message: str) -> None:
+        report(self.progress, f"route search: {message}", self.done / max(self.planned, 1))
+
+    def measure(self, skip, at: int, base: Pass) -> Pass:
+        """A recorded pass under `skip`, resumed from base's state entering sub-layer `at`."""
+        if stopped(self.stop):
+            raise KeyboardInterrupt
+        self.done += 1
+        return self.tf.evaluate(skip, start=at, base=base, record=True)
+
+    def priority(self, k: int) -> float:
+        return self.harm[k] / self.weight[k]
+
+    def measure_alone(self, remaining: list[int]) -> None:
+        """Every sub-layer once, alone on top of the start route: the first harm of each."""
+        current = self.current
+        for k in remaining:
+            self.harm[k] = self.measure(current.skip | {k}, k, current).kl - current.kl
+            self.tell(f"measured {sublayer_name(k)} alone: KL +{self.harm[k]:.4f}")
+
+    def step(self, last: int) -> None:
+        """Skips one more sub-layer: the least harmful (by priority) of the candidates re-measured."""
+        best, current = None, self.current
+        for k in sorted(self.harm, key=self.priority)[:self.candidates]:
+            if best is not None and self.priority(chosen) <= self.priority(k):
+                break  # the stale harms left can only be larger once re-measured
+            trial = self.measure(current.skip | {k}, k, current)
+            self.harm[k] = trial.kl - current.kl
+            self.tell(f"{len(current.skip) + 1}/{last} skipped, tried {sublayer_name(k)}: KL {trial.kl:.4f}")
+            if best is None or self.priority(k) < self.priority(chosen):
+                best, chosen = trial, k
+        self.added[chosen] = self.harm.pop(chosen)
+        self.current = current = best
+        self.steps.append({"skip": sublayer_name(chosen), "kl": round(current.kl, 5),
+                           "agreement": round(current.agreement, 4)})
+        self.tell(f"step {len(current.skip)}/{last}: skip {sublayer_name(chosen)} -> KL {current.kl:.4f}, "
+                  f"agreement {current.agreement:.3f}")
+
+    def swap(self) -> None:
+        self.current = _local_swaps(self.current, self.added, self.harm, self.priority, self.swaps, self.measure,
+                                    self.tell, self.accepted)
+
+    def route(self, name: str, ratio: float, stopped: bool) -> Route:
+        """The route so far, with how it was searched in its meta."""
+        tf, current = self.tf, self.current
+        meta = {"skip_ratio": ratio,
+                "calibration": {"source": tf.texts.source, "sequences": len(tf.texts.sequences),
+                                "scored_tokens": tf.texts.scored_tokens,
+                                "top1_agreement": round(current.agreement, 4), "kl": round(current.kl, 5)},
+                "method": METHOD.format(objective=OBJECTIVES[self.objective], k=self.candidates, s=self.swaps),
+                "search": {"objective": self.objective, "candidates_per_step": self.candidates,
+                           "swap_budget": self.swaps, "swaps_accepted": list(self.accepted), "evaluations": self.done,
+                           "seconds": round(time.perf_counter() - self.t0, 1), "device": device_name(tf.view.device),
+                           "started_from": list(self.begin.skip), "greedy_steps": list(self.steps),
+                           "stopped": stopped},
+                "model": model_identity(self.pair)}
+        return Route(name, skip_names(current.skip), self.n, meta)
+
+
 def search_curve(pair, ratios, calibration, *, start=None, objective: str = "kl", candidates: int = 4,
                  swaps: int = 8, names=None, progress=None, stop=None) -> list[Route]:
     """One lazy-greedy search through several skip ratios; a route for each, smallest ratio first.
@@ -37,8 +113,7 @@ def search_curve(pair, ratios, calibration, *, start=None, objective: str = "kl"
     `progress(message, fraction)` hears about every evaluation; `stop` (anything with `is_set()`) or Ctrl-C
     ends the search early: the last route returned is then the route so far (meta "stopped": true).
     """
-    verifier = pair.verifier
-    n = verifier.config.num_hidden_layers
+    n = pair.verifier.config.num_hidden_layers
     ratios = sorted(ratios)
     targets = [skip_count(n, r) for r in ratios]
     names = list(names) if names else [f"s{round(100 * r):02d}" for r in ratios]
@@ -50,71 +125,21 @@ def search_curve(pair, ratios, calibration, *, start=None, objective: str = "kl"
     if len(begin.skip) > targets[0]:
         raise ValueError(f"the starting route {begin.name!r} already skips {len(begin.skip)} sub-layers, "
                          f"more than the {targets[0]} that ratio {ratios[0]} asks for")
-    t0 = time.perf_counter()
-    tf = calibration if isinstance(calibration, TeacherForced) else TeacherForced(verifier, calibration)
-    sizes, _ = sublayer_sizes(verifier)
-    weight = {k: sizes[k] / max(sizes) if objective == "kl-per-cost" else 1.0 for k in skippable(n)}
-    current = tf.evaluate(skip_set(begin), record=True)
-    remaining = [k for k in skippable(n) if k not in current.skip]
-    planned = len(remaining) + (targets[-1] - len(current.skip)) * candidates + swaps * len(ratios)
-    harm = {}  # KL added by each sub-layer, as last measured (stale for all but the latest step)
-    added = {}  # KL each skipped sub-layer added when it was chosen
-    done, steps, accepted, routes = 0, [], [], []
-
-    def tell(message: str) -> None:
-        report(progress, f"route search: {message}", done / max(planned, 1))
-
-    def measure(skip, at: int, base: Pass) -> Pass:
-        """A recorded pass under `skip`, resumed from base's state entering sub-layer `at`."""
-        nonlocal done
-        if stopped(stop):
-            raise KeyboardInterrupt
-        done += 1
-        return tf.evaluate(skip, start=at, base=base, record=True)
-
-    def priority(k: int) -> float:
-        return harm[k] / weight[k]
-
-    def route(name: str, ratio: float, stopped: bool) -> Route:
-        meta = {"skip_ratio": ratio,
-                "calibration": {"source": tf.texts.source, "sequences": len(tf.texts.sequences),
-                                "scored_tokens": tf.texts.scored_tokens,
-                                "top1_agreement": round(current.agreement, 4), "kl": round(current.kl, 5)},
-                "method": METHOD.format(objective=OBJECTIVES[objective], k=candidates, s=swaps),
-                "search": {"objective": objective, "candidates_per_step": candidates, "swap_budget": swaps,
-                           "swaps_accepted": list(accepted), "evaluations": done,
-                           "seconds": round(time.perf_counter() - t0, 1), "device": device_name(tf.view.device),
-                           "started_from": list(begin.skip), "greedy_steps": list(steps), "stopped": stopped},
-                "model": model_identity(pair)}
-        return Route(name, skip_names(current.skip), n, meta)
-
+    search = _Search(pair, calibration, begin, objective, candidates, swaps, progress, stop)
+    remaining = [k for k in skippable(n) if k not in search.current.skip]
+    search.planned = len(remaining) + (targets[-1] - len(search.current.skip)) * candidates + swaps * len(ratios)
+    routes = []
     try:
-        if len(current.skip) < targets[-1]:
-            for k in remaining:  # every sub-layer once, alone on top of the start route
-                harm[k] = measure(current.skip | {k}, k, current).kl - current.kl
-                tell(f"measured {sublayer_name(k)} alone: KL +{harm[k]:.4f}")
+        if len(search.current.skip) < targets[-1]:
+            search.measure_alone(remaining)
         for target, ratio, name in zip(targets, ratios, names):
-            while len(current.skip) < target:
-                best = None
-                for k in sorted(harm, key=priority)[:candidates]:
-                    if best is not None and priority(chosen) <= priority(k):
-                        break  # the stale harms left can only be larger once re-measured
-                    trial = measure(current.skip | {k}, k, current)
-                    harm[k] = trial.kl - current.kl
-                    tell(f"{len(current.skip) + 1}/{targets[-1]} skipped, tried {sublayer_name(k)}: KL {trial.kl:.4f}")
-                    if best is None or priority(k) < priority(chosen):
-                        best, chosen = trial, k
-                added[chosen] = harm.pop(chosen)
-                current = best
-                steps.append({"skip": sublayer_name(chosen), "kl": round(current.kl, 5),
-                              "agreement": round(current.agreement, 4)})
-                tell(f"step {len(current.skip)}/{targets[-1]}: skip {sublayer_name(chosen)} -> KL {current.kl:.4f}, "
-                     f"agreement {current.agreement:.3f}")
-            current = _local_swaps(current, added, harm, priority, swaps, measure, tell, accepted)
-            routes.append(route(name, ratio, stopped=False))
+            while len(search.current.skip) < target:
+                search.step(targets[-1])
+            search.swap()
+            routes.append(search.route(name, ratio, stopped=False))
     except KeyboardInterrupt:
-        tell(f"stopped: keeping the route so far ({len(current.skip)} sub-layers)")
-        routes.append(route(names[len(routes)], len(current.skip) / (2 * n), stopped=True))
+        search.tell(f"stopped: keeping the route so far ({len(search.current.skip)} sub-layers)")
+        routes.append(search.route(names[len(routes)], len(search.current.skip) / (2 * n), stopped=True))
     return routes
 
 
