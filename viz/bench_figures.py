@@ -121,23 +121,9 @@ def _pareto(points: list[dict]) -> list[dict]:
     return sorted(out, key=lambda p: p["fidelity"])
 
 
-def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light",
-                    baseline: str = "AR") -> go.Figure:
-    """Speed-up (y) against fidelity (x) over a threshold sweep, one color and symbol per signal.
-
-    `sweep`: dicts {accept, escalate, signal, speedup, fidelity, ...}; fidelity in [0, 1] (share of
-    tokens the full model agrees with). Entries without thresholds but with a "method" or "label"
-    (e.g. plain SD at fidelity 1) are drawn as reference points. The dashed line per signal joins
-    its Pareto-best settings. `current`: the thresholds in use (Thresholds or dict, optionally with
-    its own speedup / fidelity), ringed.
-    """
-    points = [p for p in sweep if is_number(p.get("speedup")) and is_number(p.get("fidelity"))]
-    if not points:
-        return _empty("Speed-up vs fidelity", "no sweep results yet", theme)
-    fig = go.Figure()
+def _signal_points(fig: go.Figure, tuned: list[dict], theme: str) -> None:
+    """Per signal: its settings as markers and, through its Pareto-best ones, a dashed line."""
     symbols = {"slim": "circle", "draft": "diamond"}
-    tuned = [p for p in points if p.get("accept") is not None and p.get("escalate") is not None]
-    refs = [p for p in points if p not in tuned]
     for signal in sorted({p.get("signal", "slim") for p in tuned}, key=lambda s: (s != "slim", s)):
         group = [p for p in tuned if p.get("signal", "slim") == signal]
         color = P.SIGNAL_COLORS.get(signal, P.OKABE_ITO["orange"])
@@ -154,6 +140,10 @@ def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light"
             hovertemplate=("accept %{customdata[0]:.2f} · escalate %{customdata[1]:.2f}<br>speed-up %{y:.2f}×"
                            " · fidelity %{x:.1%}<extra>signal: " + signal + "</extra>"),
         ))
+
+
+def _reference_points(fig: go.Figure, refs: list[dict]) -> None:
+    """Entries without thresholds (plain SD, say): a labelled star each."""
     for p in refs:
         label = str(p.get("label") or P.method_name(p.get("method", "reference")))
         fig.add_trace(go.Scatter(x=[p["fidelity"]], y=[p["speedup"]], mode="markers+text", name=label,
@@ -161,26 +151,49 @@ def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light"
                                  marker=dict(color=P.METHOD_COLORS.get(p.get("method"), P.OKABE_ITO["grey"]),
                                              size=15, symbol="star"),
                                  hovertemplate=f"{label}: %{{y:.2f}}× · fidelity %{{x:.1%}}<extra></extra>"))
-    notes = []
-    if current is not None:
-        cur = current if isinstance(current, dict) else {}
-        th = thresholds_dict(current) if (cur.get("accept") is not None or not isinstance(current, dict)) else None
-        if is_number(cur.get("speedup")) and is_number(cur.get("fidelity")):
-            marks = [cur]
-        elif th:
-            marks = [p for p in tuned if abs(p["accept"] - th["accept"]) < 1e-6
-                     and abs(p["escalate"] - th["escalate"]) < 1e-6 and p.get("signal", "slim") == th["signal"]]
-        else:
-            marks = []
-        if marks:
-            fig.add_trace(go.Scatter(x=[m["fidelity"] for m in marks], y=[m["speedup"] for m in marks],
-                                     mode="markers", name="current thresholds",
-                                     marker=dict(size=26, symbol="circle-open", color=P.OKABE_ITO["vermillion"],
-                                                 line=dict(width=3.5)),
-                                     hovertemplate="current thresholds<extra></extra>"))
-        elif th:
-            notes.append(f"current thresholds (accept {th['accept']:.2f}, escalate {th['escalate']:.2f}, "
-                         f"{th['signal']}) are not in the sweep")
+
+
+def _current_ring(fig: go.Figure, current: Any, tuned: list[dict]) -> list[str]:
+    """Rings the current thresholds' point; returns a note when the sweep does not have them."""
+    cur = current if isinstance(current, dict) else {}
+    th = thresholds_dict(current) if (cur.get("accept") is not None or not isinstance(current, dict)) else None
+    if is_number(cur.get("speedup")) and is_number(cur.get("fidelity")):
+        marks = [cur]
+    elif th:
+        marks = [p for p in tuned if abs(p["accept"] - th["accept"]) < 1e-6
+                 and abs(p["escalate"] - th["escalate"]) < 1e-6 and p.get("signal", "slim") == th["signal"]]
+    else:
+        marks = []
+    if marks:
+        fig.add_trace(go.Scatter(x=[m["fidelity"] for m in marks], y=[m["speedup"] for m in marks],
+                                 mode="markers", name="current thresholds",
+                                 marker=dict(size=26, symbol="circle-open", color=P.OKABE_ITO["vermillion"],
+                                             line=dict(width=3.5)),
+                                 hovertemplate="current thresholds<extra></extra>"))
+    elif th:
+        return [f"current thresholds (accept {th['accept']:.2f}, escalate {th['escalate']:.2f}, "
+                f"{th['signal']}) are not in the sweep"]
+    return []
+
+
+def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light",
+                    baseline: str = "AR") -> go.Figure:
+    """Speed-up (y) against fidelity (x) over a threshold sweep, one color and symbol per signal.
+
+    `sweep`: dicts {accept, escalate, signal, speedup, fidelity, ...}; fidelity in [0, 1] (share of
+    tokens the full model agrees with). Entries without thresholds but with a "method" or "label"
+    (e.g. plain SD at fidelity 1) are drawn as reference points. The dashed line per signal joins
+    its Pareto-best settings. `current`: the thresholds in use (Thresholds or dict, optionally with
+    its own speedup / fidelity), ringed.
+    """
+    points = [p for p in sweep if is_number(p.get("speedup")) and is_number(p.get("fidelity"))]
+    if not points:
+        return _empty("Speed-up vs fidelity", "no sweep results yet", theme)
+    fig = go.Figure()
+    tuned = [p for p in points if p.get("accept") is not None and p.get("escalate") is not None]
+    _signal_points(fig, tuned, theme)
+    _reference_points(fig, [p for p in points if p not in tuned])
+    notes = _current_ring(fig, current, tuned) if current is not None else []
     fig.add_hline(y=1.0, line=dict(color=P.neutral_color(theme), dash="dot", width=1.5),
                   annotation=dict(text=f"as fast as {baseline}", font=dict(size=14, color=P.neutral_color(theme))),
                   annotation_position="bottom right")
@@ -195,4 +208,3 @@ def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light"
     fig.update_yaxes(title_text=f"speed-up over {baseline} (×)",
                      range=[0, max([p["speedup"] for p in points] + [1.0]) * 1.15])
     return fig
-
