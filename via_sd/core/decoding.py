@@ -23,7 +23,7 @@ the summary prices those forwards (`predicted_tokens_per_s`, next to the measure
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Iterator
 
 import torch
@@ -37,7 +37,7 @@ from .progressive import ProgressiveVerifier
 from .text import TokenText
 from .plan import DRAFT, FULL, SLIM, tier_of
 from .sampling import logits_to_probs, pick, relative_confidence, verify_draft
-from .record import Round, candidates, record_round, until_eos
+from .record import Emitted, Round, candidates, record_round, until_eos
 from .trace import Tally, Trace
 
 METHODS = ("ar", "sd", "via")
@@ -93,7 +93,7 @@ class Decoder:
 
     def learn(self, rnd: Round, lag: int) -> None:
         """What this round tells the running estimates (acceptance, tier shares, the full verifier's lag)."""
-        rejected = any(c["decision"] == "replaced" for c in rnd.candidates)
+        rejected = any(c.decision == "replaced" for c in rnd.candidates)
         self.rates.add(rnd.kept_drafts, rejected, rnd.sorted_tiers, lag if rnd.full_called else None)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
@@ -127,12 +127,12 @@ class Decoder:
         """One pass of `model` fed up to drafts[:stop]: its distributions at draft positions start..stop
         (row k scores draft start+k; the last row is the position after drafts[stop-1], the bonus position
         when stop = len(drafts)), and r for drafts[start:stop]; records q(x) and the top choices."""
-        setattr(rnd, f"{phase}_called", True)
+        rnd.ran(phase)
         ext = seq + drafts[:stop]
         q = self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), stop - start + 1)))
         r, q_x, top = relative_confidence(q[:-1], torch.tensor(drafts[start:stop], device=q.device, dtype=torch.long))
         for k, (qx, t) in enumerate(zip(q_x.tolist(), top.tolist())):
-            rnd.candidates[start + k].update({f"q_{phase}": qx, f"{phase}_top": t})
+            rnd.candidates[start + k].scored_by(phase, qx, t)
         return q, r.tolist()
 
     def check(self, rnd: Round, tier: str, drafts: list[int], p, q, start: int) -> None:
@@ -146,25 +146,25 @@ class Decoder:
     def check_one(self, rnd: Round, tier: str, drafts: list[int], p, q_row: torch.Tensor, i: int) -> bool:
         """The speculative check of draft i against one verifier row; True if the draft was kept."""
         kept, out = verify_draft(drafts[i], p[i], q_row, self.config.greedy, self.generator)
-        self.decide(rnd, i, out, tier, "kept" if kept else "replaced", p, {f"q_{tier}": float(q_row[out])})
+        self.decide(rnd, i, out, tier, "kept" if kept else "replaced", p).scored_by(tier, float(q_row[out]))
         return kept
 
-    def decide(self, rnd: Round, i: int, token: int, tier: str, outcome: str, p, scores: dict) -> None:
-        """Records tier `tier`'s decision on candidate i and the token it emits there."""
+    def decide(self, rnd: Round, i: int, token: int, tier: str, outcome: str, p) -> Emitted:
+        """Records tier `tier`'s decision on candidate i and the token it emits there (a kept draft carries what
+        the verifiers said of it)."""
         cand = rnd.candidates[i]
-        cand["tier"] = tier
-        cand["decision"] = "accepted" if tier == DRAFT else outcome
+        cand.tier = tier
+        cand.decision = "accepted" if tier == DRAFT else outcome
         rnd.kept_drafts += outcome == "kept"
-        kept_scores = {"q_slim": cand["q_slim"], "q_full": cand["q_full"]} if outcome == "kept" else {}
-        rnd.emitted.append({"id": token, "tier": tier, "outcome": outcome, "p_draft": float(p[i][token]),
-                            "q_slim": None, "q_full": None, **kept_scores, **scores,
-                            "confidence": cand["confidence"]})
+        kept = outcome == "kept"
+        rnd.emitted.append(Emitted(token, tier, outcome, float(p[i][token]), cand.q_slim if kept else None,
+                                   cand.q_full if kept else None, cand.confidence))
+        return rnd.emitted[-1]
 
     def bonus(self, rnd: Round, tier: str, q_row: torch.Tensor) -> None:
         """The verifier that ran last adds one token of its own after the kept drafts."""
         token = pick(q_row, self.config.greedy, self.generator)
-        rnd.emitted.append({"id": token, "tier": tier, "outcome": "bonus", "p_draft": None, "q_slim": None,
-                            "q_full": None, f"q_{tier}": float(q_row[token]), "confidence": None})
+        rnd.emitted.append(Emitted(token, tier, "bonus").scored_by(tier, float(q_row[token])))
 
 
 # Each verify_* decides the round's drafts and yields after each group of decisions (for live views).
@@ -195,19 +195,19 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[
     elif th.signal == "slim":  # the thresholds alone decide every tier: no slim pass for the signal
         confidence = [None] * n
     else:
-        confidence = [c["p_draft"] for c in cands]
+        confidence = [c.p_draft for c in cands]
     tiers = [th.fixed_tier or tier_of(r, th) for r in confidence]
     if rnd.forced_by:  # too many tokens in a row were kept unverified: a verifier sees this round
         tiers = force_verification(tiers, dec.slim_sorts)
     for c, r in zip(cands, confidence):
-        c["confidence"] = r
+        c.confidence = r
     rnd.sorted_tiers = tiers
     plan = plan_round(tiers, dec.slim_sorts)
     full_from = plan.full[0] if plan.full else n
 
     k = 0
     while k < full_from and plan.decide[k] == DRAFT:  # tier A at once
-        dec.decide(rnd, k, drafts[k], DRAFT, "kept", p, {})
+        dec.decide(rnd, k, drafts[k], DRAFT, "kept", p)
         k += 1
     if k:
         yield
@@ -217,7 +217,7 @@ def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[
     decided_by_slim = False
     for k in range(k, full_from):
         if plan.decide[k] == DRAFT:
-            dec.decide(rnd, k, drafts[k], DRAFT, "kept", p, {})
+            dec.decide(rnd, k, drafts[k], DRAFT, "kept", p)
         else:
             decided_by_slim = True
             if not dec.check_one(rnd, SLIM, drafts, p, q_slim[k - offset], k):
@@ -299,9 +299,9 @@ class Run:
         rnd.candidates = candidates(drafts, p, self.pair.tokenizer)
         steps = VERIFY[self.method](dec, self.seq, drafts, p, rnd)
         if drafts:
-            yield from self.hand_over(Event("drafts", k, trace, [dict(c) for c in rnd.candidates]))
+            yield from self.hand_over(Event("drafts", k, trace, [asdict(c) for c in rnd.candidates]))
         for _ in steps:
-            yield from self.hand_over(Event("decided", k, trace, [dict(c) for c in rnd.candidates]))
+            yield from self.hand_over(Event("decided", k, trace, [asdict(c) for c in rnd.candidates]))
         emitted = until_eos(rnd.emitted[:remaining], self.pair.eos_ids)
         self.keep(rnd, emitted)
         dec.learn(rnd, lag)
@@ -310,20 +310,20 @@ class Run:
                      self.clock.ms() - round_start - held)
         self.priced_ms += sum(call_ms(self.profile, c) for c in rnd.calls)  # this round's forwards, priced once
         trace.token_ids, trace.text = self.seq[len(self.prompt_ids):], self.text.text
-        return len(emitted) >= remaining or emitted[-1]["id"] in self.pair.eos_ids
+        return len(emitted) >= remaining or emitted[-1].id in self.pair.eos_ids
 
     def forced_by(self) -> str | None:
         """"max_unverified" when too many tokens in a row were kept with no verifier: this round must verify."""
         bound = self.config.max_unverified
         return "max_unverified" if self.method == "via" and bound and self.unverified >= bound else None
 
-    def keep(self, rnd: Round, emitted: list[dict]) -> None:
+    def keep(self, rnd: Round, emitted: list[Emitted]) -> None:
         """Every cache rolls back to what all of them may keep; the sequence takes the emitted tokens."""
         valid = len(self.seq) + min(rnd.kept_drafts, len(emitted))
         for model in (self.dec.drafter, self.dec.slim, self.dec.full):
             model.rollback(valid)
-        self.seq.extend(tok["id"] for tok in emitted)
-        self.unverified = unverified_run(self.unverified, emitted)
+        self.seq.extend(tok.id for tok in emitted)
+        self.unverified = unverified_run(self.unverified, [(tok.tier, tok.outcome) for tok in emitted])
         rnd.calls = list(self.dec.calls)
         self.dec.calls.clear()
 

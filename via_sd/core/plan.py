@@ -130,12 +130,12 @@ def slim_sorts(method: str, thresholds: Thresholds) -> bool:
 
 
 def unverified_run(run: int, tokens) -> int:
-    """How many tokens in a row have been kept with no verifier (what `max_unverified` bounds), after `tokens` (dicts
-    with "tier" and "outcome", in order): a token a verifier decided ends the run, a tier-A token lengthens it, and a
+    """How many tokens in a row have been kept with no verifier (what `max_unverified` bounds), after `tokens`
+    ((tier, outcome) pairs, in order): a token a verifier decided ends the run, a tier-A token lengthens it, and a
     bonus token from the slim verifier checks nothing (it leaves the count as it is)."""
-    for tok in tokens:
-        if tok["outcome"] != "bonus" or tok["tier"] == FULL:
-            run = run + 1 if tok["tier"] == DRAFT else 0
+    for tier, outcome in tokens:
+        if outcome != "bonus" or tier == FULL:
+            run = run + 1 if tier == DRAFT else 0
     return run
 
 
