@@ -4,7 +4,7 @@ import pytest
 
 import viz
 from via_sd import DecodeConfig, Thresholds, generate
-from via_sd.core.plan import DRAFT, FULL, SLIM, force_verification, plan_round
+from via_sd.core.plan import DRAFT, FULL, SLIM, force_verification, plan_round, unverified_run
 
 PROMPTS = ["hello world", "The quick brown fox", "x = 1\ny = 2\n"]
 
@@ -33,15 +33,18 @@ def test_a_forced_round_closes_tier_a_only():
 
 
 def _longest_unverified_run(trace) -> int:
-    """Tier-A tokens in a row since a verifier last checked a token (a slim bonus checks nothing)."""
+    """The longest run of tokens kept with no verifier, counted as the engine counts it (plan.unverified_run)."""
     run = longest = 0
     for t in trace.tokens:
-        if t["tier"] == DRAFT:
-            run += 1
-        elif t["outcome"] != "bonus" or t["tier"] == FULL:
-            run = 0
+        run = unverified_run(run, [(t["tier"], t["outcome"])])
         longest = max(longest, run)
     return longest
+
+
+def test_an_unverified_run_grows_with_tier_a_and_ends_at_a_verified_token_not_at_a_slim_bonus():
+    assert unverified_run(0, [(DRAFT, "kept")] * 3) == 3
+    assert unverified_run(3, [(SLIM, "bonus")]) == 3  # a slim bonus checks nothing
+    assert unverified_run(3, [(FULL, "bonus")]) == 0 and unverified_run(3, [(SLIM, "kept"), (DRAFT, "kept")]) == 1
 
 
 @pytest.mark.parametrize("signal", ["slim", "draft"])
