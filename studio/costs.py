@@ -22,7 +22,7 @@ from .models import MODELS
 from .runs import is_current, runs_of
 
 MEASURED = "measured"
-DEFAULT_C, DEFAULT_S = 0.42, 0.87  # the sliders' values before a run (the embedded pair on 2 cores, COSTS.md)
+DEFAULT_C, DEFAULT_S = 0.42, 0.87  # where the sliders sit before a run; a run's own profile moves them (profile_controls)
 DEVICE_WORDS = {"cpu": "CPU", "cuda": "GPU", "mps": "Apple GPU"}
 
 

@@ -157,7 +157,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
         return m
 
     full, slim, drafter = cached(pair.verifier), cached(pair.slim), cached(pair.drafter, drafter_cache)
-    both = ProgressiveVerifier(pair.slim, vocab, out)
+    both = ProgressiveVerifier(pair.slim, vocab, out, slim_cache="own")  # the slim pass priced on its own cache
     slim_view, full_view = both.view("slim"), both.view("full")
     slim_view.logits(seq, CONTEXT, 1)
     full_view.logits(seq, CONTEXT, 1)

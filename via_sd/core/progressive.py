@@ -33,7 +33,7 @@ class ProgressiveVerifier:
     and `view("full")` are the two verifiers, each with its own cache for the sub-layers after the split.
     """
 
-    def __init__(self, slim: SlimVerifier, vocab_size: int, output_device, slim_cache: str = "own"):
+    def __init__(self, slim: SlimVerifier, vocab_size: int, output_device, *, slim_cache: str):
         """`slim_cache`: "own" (the slim view keeps a cache of its own after the split) or "full" (it reads the
         full view's cache, as self-speculative methods (SWIFT, LayerSkip) share the target's: every position
         the full verifier has read is context for the slim one, which writes only positions past those)."""

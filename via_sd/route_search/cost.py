@@ -89,7 +89,7 @@ def measure_escalation(slim: SlimVerifier, ids, kv_length: int, tokens: int, rep
     from ..core.progressive import ProgressiveVerifier
 
     seq = ids[0].tolist()
-    shared = ProgressiveVerifier(slim, slim.config.vocab_size, slim.device)
+    shared = ProgressiveVerifier(slim, slim.config.vocab_size, slim.device, slim_cache="own")
     separate = SlimVerifier(slim.verifier, resolve_route("none", slim.config.num_hidden_layers))
     cache = DynamicCache()
     separate(ids[:, :kv_length], past_key_values=cache, logits_to_keep=1)
