@@ -476,6 +476,28 @@ def test_explain_candidate_a_tier_b_draft_the_full_model_decided():
     assert why[3].startswith("After draft #3 escalated, the full model checks every later draft too")
 
 
+def test_learn_summary_counts_a_discarded_draft_in_no_tier():
+    """A draft discarded after a replacement keeps the tier it was sorted into (tier A here), but no tier decided it:
+    the round's summary must not count it as kept, as the table's row shows it discarded."""
+    from viz.learn import learn_html
+
+    rnd = {"round": 0, "forced_by": None, "full_called": False, "slim_called": True, "draft_ms": 4.0, "slim_ms": 6.0,
+           "candidates": [_learn_cand(0, "draft", 0.9), _learn_cand(1, "slim", 0.4, "replaced"),
+                          _learn_cand(2, "draft", 0.95, "discarded")]}
+    tokens = [{"i": 0, "id": 0, "text": " t0", "round": 0, "tier": "draft", "outcome": "kept", "p_draft": 0.5,
+               "q_slim": None, "q_full": None, "confidence": 0.9},
+              {"i": 1, "id": 9, "text": " new", "round": 0, "tier": "slim", "outcome": "replaced", "p_draft": 0.1,
+               "q_slim": 0.7, "q_full": None, "confidence": 0.4}]
+    trace = Trace(method="via", prompt="p", tokens=tokens, rounds=[rnd],
+                  config={"gamma": 3, "thresholds": {"accept": 0.6, "escalate": 0.2, "signal": "slim"}})
+    view = learn_html(trace, 0)
+    summary = re.search(r'<p class="via-learn-summary">(.*?)</p>', view, re.S).group(1)
+    assert "1 went to tier A (kept as drafted), 1 to tier B" in summary
+    assert "0 to tier C (full model), 1 discarded (never decided)." in summary
+    assert "2 token(s) were emitted" in summary
+    assert view.count('data-decision="discarded"') == 1 and "Discarded: draft #2 was replaced" in view
+
+
 def test_cost_panel_curve_and_projection_draw_plain_numbers():
     from viz.costs import cost_curve_figure, cost_panel_html, projection_html
 

@@ -88,12 +88,15 @@ def _bonus_html(emitted: list[dict]) -> str:
 def _summary(trace: Any, rnd: dict, cands: list[dict], emitted: list[dict]) -> str:
     if trace.method == "ar":
         return "Autoregressive: the full model emits one token per round; nothing is drafted."
-    tiers = [c.get("tier") for c in cands]
+    # a discarded draft keeps the tier it was sorted into, but no tier decided it: the table's rows say so too
+    tiers = [c.get("tier") for c in cands if c.get("decision") != "discarded"]
+    discarded = f", {len(cands) - len(tiers)} discarded (never decided)" if len(tiers) < len(cands) else ""
     forced = (f" This round was forced to a verifier: {FORCED.get(rnd['forced_by'], esc(rnd['forced_by']))}."
               if rnd.get("forced_by") else "")
     return (f"The drafter proposed {len(cands)} token(s) in {fmt(rnd.get('draft_ms', 0.0), '.0f')} ms. "
             f"{tiers.count('draft')} went to tier A (kept as drafted), {tiers.count('slim')} to tier B (slim "
-            f"verifier, {fmt(rnd.get('slim_ms', 0.0), '.0f')} ms), {tiers.count('full')} to tier C (full model). "
+            f"verifier, {fmt(rnd.get('slim_ms', 0.0), '.0f')} ms), {tiers.count('full')} to tier C (full model)"
+            f"{discarded}. "
             + (f"The full model ran ({fmt(rnd.get('full_ms') or 0.0, '.0f')} ms)." if rnd.get("full_called") else
                "The full model did not run this round.")
             + f" {len(emitted)} token(s) were emitted.{forced}")
