@@ -52,7 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from via_sd.core.plan import DRAFT, FULL, SLIM, TIERS, Thresholds, force_verification, plan_round, tier_of
+from via_sd.core.plan import (DRAFT, FULL, SLIM, TIERS, Thresholds, force_verification, plan_round, slim_sorts,
+                               tier_of, unverified_run)
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
@@ -168,8 +169,7 @@ class Replay:
 
     @property
     def slim_sorts(self) -> bool:
-        """Whether the slim pass sorts the drafts (the slim signal, unless the thresholds alone fix every tier)."""
-        return self.rule.signal == "slim" and self.rule.fixed_tier is None
+        return slim_sorts("via", self.rule)
 
 
 def _thresholds(trace, thresholds: Any) -> tuple[dict, dict]:
@@ -257,14 +257,6 @@ def _replayed_tokens(rows: list[dict], plan, ended: bool, full_called: bool) -> 
     return emitted
 
 
-def _unverified_after(unverified: int, emitted: list[tuple]) -> int:
-    """The engine's max_unverified count: a verified token, the full verifier's bonus included, resets it."""
-    for tier, _, outcome in emitted:
-        if outcome != "bonus" or tier == FULL:
-            unverified = unverified + 1 if tier == DRAFT else 0
-    return unverified
-
-
 def replay_round(ctx: Replay, rnd: dict) -> RoundReplay:
     """One recorded round under the new thresholds (steps 1-5 of the module doc); advances `ctx` past it."""
     cands = rnd.get("candidates", [])
@@ -293,7 +285,7 @@ def replay_round(ctx: Replay, rnd: dict) -> RoundReplay:
     if capped and not emitted:  # the run would have ended before this round
         replay.slim_called = replay.full_called = replay.forced = False
         return replay
-    ctx.unverified = _unverified_after(ctx.unverified, emitted)
+    ctx.unverified = unverified_run(ctx.unverified, [(tier, outcome) for tier, _, outcome in emitted])
     ctx.new_tokens += len(emitted)
     as_recorded = not changed and not capped and "calls" in rnd  # priced as recorded, forward by forward
     passes = rnd if as_recorded else passes_run(plan, full_called, slim_called)
