@@ -13,6 +13,8 @@ import html
 from types import SimpleNamespace
 from typing import Any
 
+from via_sd.core.plan import Thresholds, tier_of
+
 from .page import METHOD_TITLES, esc, fmt
 from .palette import CANDIDATE_COLORS, text_color
 from .tokens import candidate_label, token_html, visible_text
@@ -26,10 +28,14 @@ def _q(text: str) -> str:
 
 
 def _rule_tier(r: Any, accept: Any, escalate: Any) -> str | None:
-    """The tier the thresholds alone give confidence `r` (None when unknown)."""
+    """The tier the engine's own rule (plan.tier_of) gives confidence `r` under these thresholds (None when
+    unknown: a trace without them, or thresholds the engine would refuse)."""
     if not all(isinstance(x, (int, float)) for x in (r, accept, escalate)):
         return None
-    return "draft" if r >= accept else "slim" if r >= escalate else "full"
+    try:
+        return tier_of(r, Thresholds(accept=accept, escalate=escalate))
+    except ValueError:
+        return None
 
 
 def explain_candidate(c: dict, trace: Any, rnd: dict, emitted: list[dict]) -> str:

@@ -58,7 +58,7 @@ from via_sd.core.plan import (DRAFT, FULL, SLIM, TIERS, Thresholds, force_verifi
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
 from .tokens import token_label
-from .what_if_cost import Lanes, passes_run, trace_profile
+from .what_if_cost import Lanes, passes_run, phase_costs, skip_fraction, ran_slim_pass, trace_profile
 
 ESTIMATE_LABEL = "estimate: recorded drafts re-tiered under new thresholds (not re-run)"
 
@@ -93,44 +93,6 @@ def _decide(c: dict, tier: str, greedy: bool, rec_signal: str) -> tuple[str, boo
     if not greedy and is_number(q) and is_number(p) and p > 0:  # d. acceptance probability
         return ("kept" if min(1.0, q / p) >= 0.5 else "replaced"), True
     return "kept", True  # e. optimistic
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def _skip_fraction(models: dict) -> float | None:
-    """Skip fraction of the slim route if the trace's `models` block names one."""
-    stack = [models]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if "fraction" in str(key) and is_number(value) and 0 < value < 1:
-                    return float(value)
-                stack.append(value)
-    return None
-
-
-def _slim_called(rnd: dict) -> bool:
-    """Whether a recorded round ran the slim pass (traces from before `slim_called` tell by its time)."""
-    return bool(rnd.get("slim_called", (rnd.get("slim_ms") or 0) > 0))
-
-
-def phase_costs(trace: Any) -> dict:
-    """Mean recorded cost of each phase: drafter per candidate, slim / full per call, other per round."""
-    trace = as_trace(trace)
-    rounds = trace.rounds
-    n_cands = sum(len(r.get("candidates", [])) for r in rounds)
-    slim_rounds = [r for r in rounds if _slim_called(r)]
-    full_rounds = [r for r in rounds if r.get("full_called")]
-    costs = {
-        "draft_ms_per_candidate": (sum(r.get("draft_ms") or 0.0 for r in rounds) / n_cands) if n_cands else 0.0,
-        "slim_ms_per_call": _mean([float(r.get("slim_ms") or 0.0) for r in slim_rounds]),
-        "full_ms_per_call": _mean([float(r.get("full_ms") or 0.0) for r in full_rounds]),
-        "other_ms_per_round": _mean([float(r.get("other_ms") or 0.0) for r in rounds]) or 0.0,
-    }
-    return costs
 
 
 @dataclass
@@ -189,12 +151,12 @@ def _priced_costs(trace, costs: dict | None) -> tuple[dict, list[str]]:
     cost.update(costs or {})
     notes = []
     if cost["full_ms_per_call"] is None:
-        frac = _skip_fraction(trace.models or {})
+        frac = skip_fraction(trace.models or {})
         if frac is not None and cost["slim_ms_per_call"]:
             cost["full_ms_per_call"] = cost["slim_ms_per_call"] / (1.0 - frac)
             notes.append(f"no recorded full-model call: its cost is the slim cost / (1 - {frac:.2f} skipped)")
     if cost["slim_ms_per_call"] is None and cost["full_ms_per_call"] is not None:
-        frac = _skip_fraction(trace.models or {})
+        frac = skip_fraction(trace.models or {})
         if frac is not None:
             cost["slim_ms_per_call"] = cost["full_ms_per_call"] * (1.0 - frac)
             notes.append(f"no recorded slim call: its cost is the full cost x (1 - {frac:.2f} skipped)")
@@ -269,7 +231,7 @@ def replay_round(ctx: Replay, rnd: dict) -> RoundReplay:
     rows, ended, matches, guessed = _decide_round(ctx, rnd, scored, tiers, plan)
     slim_called, full_called = _calls_made(plan, rows)
     kept = sum(row["decision"] in KEPT_DECISIONS for row in rows)
-    rec_calls = (_slim_called(rnd), bool(rnd.get("full_called")))
+    rec_calls = (ran_slim_pass(rnd), bool(rnd.get("full_called")))
     recorded = [(t.get("tier"), token_label(t, "via"), t.get("outcome"))
                 for t in ctx.tokens_by_round.get(rnd.get("round"), [])]
     rec_kept = sum(c.get("decision") in KEPT_DECISIONS for c in cands)
@@ -307,7 +269,7 @@ def _recorded(trace, model_ms: float, drafted: int) -> dict:
         "kept_drafts": kept,
         "rejection_rate": 1.0 - kept / drafted if drafted else 0.0,
         "full_calls": sum(bool(r.get("full_called")) for r in trace.rounds),
-        "slim_calls": sum(_slim_called(r) for r in trace.rounds),
+        "slim_calls": sum(ran_slim_pass(r) for r in trace.rounds),
         "forced_rounds": sum(bool(r.get("forced_by")) for r in trace.rounds),
         "model_ms": model_ms,
         "ms_per_token": model_ms / tokens if tokens else None,

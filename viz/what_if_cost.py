@@ -1,9 +1,14 @@
 """What a replayed round costs: each pass the what-if replays, priced by the engine's cost model
-(`via_sd.cost.model`, pure Python) with the cost profile the trace carries, for the rows it really reads."""
+(`via_sd.cost.model`, pure Python) with the cost profile the trace carries, for the rows it really reads; or,
+for a trace without a profile, the recorded per-phase means (`phase_costs`)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from via_sd.cost.model import CostProfile, call_ms
+
+from ._trace import as_trace, is_number
 
 
 def trace_profile(trace) -> CostProfile | None:
@@ -69,3 +74,41 @@ class Lanes:
         ms += call_ms(profile, {"model": model, "rows": upto - seen, "past": seen, "resume": resume})
         self.seen[model] = upto
         return ms
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def skip_fraction(models: dict) -> float | None:
+    """Skip fraction of the slim route if the trace's `models` block names one."""
+    stack = [models]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if "fraction" in str(key) and is_number(value) and 0 < value < 1:
+                    return float(value)
+                stack.append(value)
+    return None
+
+
+def ran_slim_pass(rnd: dict) -> bool:
+    """Whether a recorded round ran the slim pass (traces from before `slim_called` tell by its time)."""
+    return bool(rnd.get("slim_called", (rnd.get("slim_ms") or 0) > 0))
+
+
+def phase_costs(trace: Any) -> dict:
+    """Mean recorded cost of each phase: drafter per candidate, slim / full per call, other per round."""
+    trace = as_trace(trace)
+    rounds = trace.rounds
+    n_cands = sum(len(r.get("candidates", [])) for r in rounds)
+    slim_rounds = [r for r in rounds if ran_slim_pass(r)]
+    full_rounds = [r for r in rounds if r.get("full_called")]
+    costs = {
+        "draft_ms_per_candidate": (sum(r.get("draft_ms") or 0.0 for r in rounds) / n_cands) if n_cands else 0.0,
+        "slim_ms_per_call": _mean([float(r.get("slim_ms") or 0.0) for r in slim_rounds]),
+        "full_ms_per_call": _mean([float(r.get("full_ms") or 0.0) for r in full_rounds]),
+        "other_ms_per_round": _mean([float(r.get("other_ms") or 0.0) for r in rounds]) or 0.0,
+    }
+    return costs
