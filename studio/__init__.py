@@ -1,4 +1,4 @@
-"""The app's runtime, beside `app.py` (which holds only the page's layout and wiring).
+"""The app's runtime, beside `app.py` (which builds the page from `layout` and wires its events).
 
     models     the loaded pair (one at a time, shared): load, background preload, warm-up, status,
                and per-run views of the pair with the route that run asked for
@@ -9,6 +9,7 @@
     views      what follows a run or an upload: figures, trace table and files, learn view, race
     lab        the threshold lab (what-if estimate, measured sweep) and the route search
     costs      "Why this speed" and "Where it would pay" (the engine's cost model, drawn by viz)
+    layout     the page's components in reading order, one builder per area (no events)
     downloads  this process's temp folder for download files, one sub-folder per session
     gpu        the ZeroGPU window (`spaces.GPU`) and how long a run may hold it
 """

@@ -24,9 +24,7 @@ FOLDERS = {"via_sd.weights": "weights", "via_sd.cost": "cost", "via_sd.core": "c
 MODEL_CODE = {"torch", "transformers", "accelerate", "safetensors", "tokenizers", "gguf"}
 # Functions longer than this are split into named steps; the exceptions say why they stay long.
 MAX_FUNCTION_LINES = 80
-LONG_FUNCTIONS = {
-    "app.build_demo": "the page's layout in reading order, then its event wiring (Gradio's own demos read so)",
-}
+LONG_FUNCTIONS: dict[str, str] = {}
 
 
 def module_files() -> dict[str, Path]:
