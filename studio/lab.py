@@ -105,8 +105,7 @@ def threshold_preset_info() -> str:
     measured = [f"{name} {r['speedup_vs_ar']:.2f}× AR at agreement {r['agreement']:.3f}"
                 for name, r in held.get("presets", {}).items()]
     if measured:
-        text += (f". On {held['pairs']} held-out prompts never tuned on ({held['machine']}, {held['date']}): "
-                 + ", ".join(measured) + " (BENCHMARKS.md)")
+        text += f". On {held['pairs']} held-out prompts never tuned on ({held['date']}): " + "; ".join(measured)
     return text
 
 
