@@ -8,6 +8,7 @@ One app server for the module, on the "random" preset (a tiny random pair: real 
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 import contextlib
 import copy
 import importlib.util
@@ -251,7 +252,9 @@ def test_mcp_serves_the_comparison_and_the_what_if_as_described_tools(server):
                        ("what_if_estimate", ("trace", "accept", "escalate", "signal"))):
         properties = tools[name]["inputSchema"]["properties"]
         assert all(len(properties[a].get("description", "")) > 20 for a in args), (name, properties)
-    compared, estimated = asyncio.run(_mcp_calls(f"{server}gradio_api/mcp/"))
+    # a thread of its own: the browser tests' Playwright keeps an event loop running in this one
+    with ThreadPoolExecutor(1) as pool:
+        compared, estimated = pool.submit(asyncio.run, _mcp_calls(f"{server}gradio_api/mcp/")).result()
     assert not compared.isError and "via-sd-comparison/1" in compared.content[0].text
     assert estimated.isError and "not a VIA-SD trace" in estimated.content[0].text
 
