@@ -70,6 +70,31 @@ def embedded_pair():
     return load_pair("embedded")
 
 
+@pytest.fixture(scope="module")
+def serve_random_app():
+    """Serves the page on the random pair on a free localhost port, queued as `python app.py` queues it, until the
+    module ends: `serve(**launch_options)` returns its URL."""
+    import socket
+
+    import app
+
+    demos = []
+
+    def serve(**launch) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        demo = app.build_demo("random")
+        demo.queue(default_concurrency_limit=1, max_size=64)
+        demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, **launch)
+        demos.append(demo)
+        return f"http://127.0.0.1:{port}/"
+
+    yield serve
+    for demo in demos:
+        demo.close()
+
+
 CHROMIUM = "/usr/bin/chromium"  # Debian's (scripts/setup.sh --dev installs it); never `playwright install`
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import time
 import weakref
 from types import SimpleNamespace
@@ -266,20 +265,9 @@ def test_examples_cover_every_task_and_gpu_is_a_no_op_here_with_a_duration_for_t
 
 # ---- a live server driven by gradio_client ---------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    demo = app.build_demo("random")
-    demo.queue(default_concurrency_limit=1)
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+def server(serve_random_app):
+    return serve_random_app()
 
 
 def test_client_runs_streams_and_downloads(server, tmp_path):

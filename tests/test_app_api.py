@@ -15,7 +15,6 @@ import importlib.util
 import io
 import json
 import re
-import socket
 import time
 from pathlib import Path
 
@@ -49,20 +48,9 @@ def run_snippet(code: str) -> tuple[dict, str]:
     return namespace, printed.getvalue()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server():
-    demo = app.build_demo("random")
-    demo.queue(default_concurrency_limit=1, max_size=64)  # as app.launch queues it
-    port = _free_port()
-    demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True, mcp_server=HAS_MCP)
-    yield f"http://127.0.0.1:{port}/"
-    demo.close()
+def server(serve_random_app):
+    return serve_random_app(mcp_server=HAS_MCP)
 
 
 @pytest.fixture(scope="module")
