@@ -19,7 +19,7 @@ SHORT = {"via": "VIA-SD", "sd": "SD", "ar": "AR"}
 METHOD_ABOUT = {"via": "drafter → slim verifier → full model (three tiers, lossy)",
                 "sd": "drafter → full model (two tiers, lossless)",
                 "ar": "full model alone, one token per step"}
-ICONS = {"info": "ⓘ", "ok": "✓", "error": "⚠", "run": "…", "stop": "■"}  # plain symbols: any font has them
+ICONS = {"info": "ℹ", "ok": "✓", "error": "⚠", "run": "…", "stop": "■"}  # plain symbols: any font has them
 
 
 def esc(x: Any) -> str:
