@@ -105,7 +105,8 @@ def threshold_preset_info() -> str:
     measured = [f"{name} {r['speedup_vs_ar']:.2f}× AR at agreement {r['agreement']:.3f}"
                 for name, r in held.get("presets", {}).items()]
     if measured:
-        text += f". On {held['pairs']} held-out prompts never tuned on ({held['date']}): " + "; ".join(measured)
+        text += (f". On the held-out prompts, never tuned on ({held['pairs']} paired runs, {held['date']}): "
+                 + "; ".join(measured))
     return text
 
 
