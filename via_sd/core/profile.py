@@ -32,7 +32,7 @@ from .progressive import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.core.profile")
 VERSION = 6  # 4: the drafter runs its lean forward (lean.py); 5: its steps timed paired with a verifier step;
-# 6: every int4 pass takes the kernel (int4.KERNEL_RULE: no timed de-quantized path for long prompt reads)
+# 6: every int4 pass takes the kernel (linears.KERNEL_RULE: no timed de-quantized path for long prompt reads)
 CONTEXT = 200
 REPEATS = 5
 # c = draft(1) / verify(1) steers gamma="auto": each sweep times each drafter step three times, every time right
