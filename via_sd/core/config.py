@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field
 from ..cost.model import MAX_GAMMA
 from .plan import Thresholds
 
+DRAFTERS = ("model", "lookup", "hybrid", "early-exit")
+
 MAX_NEW_TOKENS = 4096
 MAX_FIXED_GAMMA = 64
 MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax to float precision and logits / temperature can overflow
@@ -39,13 +41,23 @@ class DecodeConfig:
     # every cache starts from a copy of one that read the chat template's opening (system turn, start of the user
     # turn) once per pair, and reads only the rest of the prompt (via_sd.core.opening); False reads every prompt whole
     reuse_opening: bool = True
+    # who proposes the drafts (via_sd.core.drafters): "model" (the pair's drafter), "lookup" (prompt lookup: the
+    # longest n-gram, up to lookup_ngram tokens, that ends the sequence and occurs earlier in it proposes what
+    # followed, up to lookup_tokens), "hybrid" (lookup when it matches, else the model) or "early-exit" (the
+    # verifier's first exit_layer layers and its head; 0: half its layers)
+    drafter: str = "model"
+    lookup_ngram: int = 3
+    lookup_tokens: int = 10
+    exit_layer: int = 0
 
     def __post_init__(self):
         if self.gamma != AUTO and (isinstance(self.gamma, bool) or not isinstance(self.gamma, int)
                                    or not 1 <= self.gamma <= MAX_FIXED_GAMMA):
             raise ValueError(f"gamma (drafts per round) must be \"auto\" (chosen each round from the measured cost "
                              f"profile) or a whole number from 1 to {MAX_FIXED_GAMMA}, got {self.gamma!r}")
-        for name in ("max_new_tokens", "seed", "max_unverified"):
+        if self.drafter not in DRAFTERS:
+            raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)}, got {self.drafter!r}")
+        for name in ("max_new_tokens", "seed", "max_unverified", "lookup_ngram", "lookup_tokens", "exit_layer"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"{name} must be a whole number (int), got {value!r}")
@@ -72,6 +84,11 @@ class DecodeConfig:
         if self.max_unverified < 0:
             raise ValueError(f"max_unverified must be 0 (no bound) or a positive number of tokens, "
                              f"got {self.max_unverified!r}")
+        if not 1 <= self.lookup_ngram <= 16 or not 1 <= self.lookup_tokens <= MAX_FIXED_GAMMA:
+            raise ValueError(f"lookup_ngram must be from 1 to 16 and lookup_tokens from 1 to {MAX_FIXED_GAMMA}, got "
+                             f"{self.lookup_ngram!r} and {self.lookup_tokens!r}")
+        if self.exit_layer < 0:
+            raise ValueError(f"exit_layer must be 0 (half the verifier's layers) or a layer count, got {self.exit_layer!r}")
         if self.slim_cache not in ("own", "full"):
             raise ValueError(f"slim_cache must be 'own' or 'full', got {self.slim_cache!r}")
         if not isinstance(self.thresholds, Thresholds):

@@ -1,8 +1,8 @@
 """Autoregressive, speculative (two-tier) and VIA-SD (three-tier) decoding, in one loop shape.
 
-Every method runs the same round: the drafter proposes up to gamma tokens (none for AR), a
-verifier step decides which to keep, the caches roll back to what was kept, the round is
-recorded. What differs is who verifies:
+Every method runs the same round: the drafter (drafters.py: the model, prompt lookup, a hybrid or the
+verifier's early exit) proposes up to gamma tokens (none for AR; none is an AR step), a verifier step
+decides which to keep, the caches roll back to what was kept, the round is recorded. Who verifies:
 
     verify_ar   the full verifier emits one token
     verify_sd   the full verifier checks every draft (lossless rejection sampling)
@@ -14,11 +14,10 @@ verifier runs only in rounds that escalate to it. In VIA-SD the slim and full ve
 sub-layers before the route's first skip (progressive verification, progressive.ProgressiveVerifier):
 one KV cache there, and a full pass resumes from the hidden states the slim pass left.
 How many drafts a round has: `DecodeConfig(gamma="auto")` (the default) asks the cost model
-(costs.best_gamma) each round, from the pair's measured cost profile (pair.costs) and the acceptance
-and tier shares seen so far in this run; every round records its gamma and every forward it made, and
-the summary prices those forwards (`predicted_tokens_per_s`, next to the measured `tokens_per_s`).
-`stream_events` yields an Event after drafting, after each tier's decisions and after each round;
-`stream` and `generate` are built on it.
+(costs.best_gamma) each round, from the pair's measured cost profile (pair.costs, the drafter's c) and the
+acceptance and tier shares seen so far in this run; every round records its gamma and every forward it made,
+and the summary prices those forwards (`predicted_tokens_per_s`, next to the measured `tokens_per_s`).
+`stream_events` yields an Event after drafting, after each tier's decisions and after each round.
 """
 
 from __future__ import annotations
@@ -30,12 +29,12 @@ import torch
 
 from .cached import CachedModel, Clock, Reader, drafter_cache
 from .config import DecodeConfig
-from ..cost.model import Rates, best_gamma, call_ms
+from ..cost.model import best_gamma, call_ms
+from .drafters import check_signal, describe, exit_caches, make_drafter
 from .pair import ModelPair
-from .plan import force_verification, plan_round, slim_sorts, unverified_run
+from .plan import DRAFT, FULL, SLIM, force_verification, plan_round, slim_sorts, tier_of, unverified_run
 from .progressive import ProgressiveVerifier
 from .text import TokenText
-from .plan import DRAFT, FULL, SLIM, tier_of
 from .sampling import logits_to_probs, pick, relative_confidence, verify_draft
 from .record import Emitted, Round, candidates, record_round, until_eos
 from .trace import Tally, Trace
@@ -66,35 +65,43 @@ class Decoder:
 
         drafter = start("drafter", lambda: drafter_cache(pair.drafter, vocab, pair.drafter.device, self.device),
                         pair.drafter)
+        kind, full = (config.drafter if method != "ar" else "model"), None
+        if kind == "early-exit":  # in SD the exit's cache is the verifier's for the shared layers
+            drafter, full = exit_caches(pair, config, method, start, self.device)
         if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
             verifiers = start(("progressive", route, config.slim_cache), lambda: ProgressiveVerifier(
                 pair.slim, vocab, self.device, slim_cache=config.slim_cache))
             slim, full = verifiers.view("slim"), verifiers.view("full")
         else:
             slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, self.device))
-            full = verifier_cache(pair, prompt_ids, config.reuse_opening)
+            full = full or verifier_cache(pair, prompt_ids, config.reuse_opening)
         self.opening = min(m.seen for m in (drafter, slim, full))  # prompt tokens every cache started with
         prompt = len(prompt_ids)
         self.drafter, self.slim, self.full = (Reader(m, name, prompt, self.calls) for m, name in
                                               ((drafter, "drafter"), (slim, "slim"), (full, "full")))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.profile = pair.costs if config.auto_gamma and method != "ar" else None
-        self.rates = Rates()
         self.slim_sorts = slim_sorts(method, config.thresholds)
+        self.drafting = make_drafter(self, kind, pair, method, self.drafter)  # drafters.py: who proposes tokens
+        self.source = None  # who drafts this round (drafters.Drafter.source)
 
-    def gamma(self, remaining: int) -> int:
-        """This round's draft length: fixed, or the one the cost profile predicts is fastest now."""
-        if self.method == "ar":
+    def gamma(self, remaining: int, seq: list[int]) -> int:
+        """This round's draft length: fixed, or the one the cost profile predicts is fastest now for the drafter that
+        drafts it; 0 when it has nothing to propose (prompt lookup without a match: an AR step)."""
+        self.source = None if self.method == "ar" else self.drafting.source(seq)
+        if self.source is None:
             return 0
         if not self.config.auto_gamma:
             return min(self.config.gamma, remaining)
         method = "sd" if self.method == "sd" or self.config.thresholds.fixed_tier == FULL else "via"
-        return min(best_gamma(self.profile, method, self.rates, self.slim_sorts), remaining)
+        profile, rates = self.drafting.profile(self.source), self.drafting.rates_for(self.source)
+        return min(best_gamma(profile, method, rates, self.slim_sorts), remaining)
 
     def learn(self, rnd: Round, lag: int) -> None:
-        """What this round tells the running estimates (acceptance, tier shares, the full verifier's lag)."""
-        rejected = any(c.decision == "replaced" for c in rnd.candidates)
-        self.rates.add(rnd.kept_drafts, rejected, rnd.sorted_tiers, lag if rnd.full_called else None)
+        """What this round tells the drafter's running estimates (acceptance, tier shares, the full verifier's lag)."""
+        if self.source is not None:
+            rejected = any(c.decision == "replaced" for c in rnd.candidates)
+            self.drafting.learn(self.source, rnd.kept_drafts, rejected, rnd.sorted_tiers,
+                                lag if rnd.full_called else None)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits_to_probs(logits, self.config.temperature, self.config.top_p)
@@ -105,22 +112,15 @@ class Decoder:
         rnd.phase_ms[phase] += self.clock.ms() - start
         return out
 
-    def draft(self, seq: list[int], gamma: int, rnd: Round) -> tuple[list[int], torch.Tensor]:
-        """The drafter proposes `gamma` tokens one by one; returns them and their distributions p."""
-
-        def run():
-            tokens, dists, ext = [], [], list(seq)
-            for _ in range(gamma):
-                p = self.probs(self.drafter.logits(ext, len(ext), 1)[0])
-                token = pick(p, self.config.greedy, self.generator)
-                tokens.append(token)
-                dists.append(p)
-                ext.append(token)
-                if float(p[token]) < self.config.draft_stop:  # an unsure drafter wastes the next drafts
-                    break
-            return tokens, torch.stack(dists)
-
-        return self.timed(rnd, "draft", run) if gamma else ([], None)
+    def draft(self, seq: list[int], gamma: int, rnd: Round) -> tuple[list[int], torch.Tensor | None]:
+        """The round's drafter proposes up to `gamma` tokens, with distributions p (one-hot where it has none)."""
+        if not gamma:
+            return [], None
+        tokens, p = self.timed(rnd, "draft", lambda: self.drafting.propose(seq, gamma))
+        if p is None and tokens:
+            p = torch.zeros(len(tokens), self.pair.vocab_size, device=self.device)
+            p[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
+        return tokens, p
 
     def score(self, model: CachedModel, phase: str, seq: list[int], drafts: list[int], start: int, stop: int,
               rnd: Round) -> tuple[torch.Tensor, list[float]]:
@@ -266,11 +266,14 @@ class Run:
         if len(self.prompt_ids) + config.max_new_tokens + config.longest_round + 1 > limit:
             raise ValueError(f"the prompt is {len(self.prompt_ids)} tokens; with max_new_tokens={config.max_new_tokens} "
                              f"it exceeds the verifier's context of {limit} tokens: shorten the prompt")
+        check_signal(config.drafter, method, config.thresholds.signal)
         self.pair, self.method, self.config = pair, method, config
-        self.profile = pair.costs  # measured once per machine and pair (via_sd.core.profile), then read from the cache
         self.clock = Clock(pair.drafter.device)
         self.dec = Decoder(pair, config, self.clock, method, self.prompt_ids)  # reads the chat opening once per pair
-        self.trace = Trace(method=method, prompt=prompt, models=pair.describe(), device=str(pair.slim.device),
+        # the pair's cost profile (measured once per machine and pair, via_sd.core.profile), the drafter's c in it
+        self.profile = self.dec.drafting.costs
+        models = {**pair.describe(), "drafter": describe(config, pair), "drafter_kind": self.dec.drafting.name}
+        self.trace = Trace(method=method, prompt=prompt, models=models, device=str(pair.slim.device),
                            dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict(),
                            costs=self.profile.to_dict())
         self.text, self.tally = TokenText(pair.tokenizer), Tally()
@@ -292,12 +295,13 @@ class Run:
         dec, trace, k = self.dec, self.trace, len(self.trace.rounds)
         round_start, paused_before = self.clock.ms(), self.paused
         remaining = self.config.max_new_tokens - len(trace.tokens)
-        rnd = Round(gamma=dec.gamma(remaining), forced_by=self.forced_by())
+        # dec.gamma picks who drafts this round (dec.source) and how many tokens
+        rnd = Round(gamma=dec.gamma(remaining, self.seq), forced_by=self.forced_by(), drafter=dec.source)
         # tokens past the prompt the full verifier has yet to catch up on (it reads the prompt in a call of its own)
         lag = len(self.seq) - max(dec.full.seen, len(self.prompt_ids))
         drafts, p = dec.draft(self.seq, rnd.gamma, rnd)
         rnd.candidates = candidates(drafts, p, self.pair.tokenizer)
-        steps = VERIFY[self.method](dec, self.seq, drafts, p, rnd)
+        steps = VERIFY[self.method if drafts else "ar"](dec, self.seq, drafts, p, rnd)  # no drafts: an AR step
         if drafts:
             yield from self.hand_over(Event("drafts", k, trace, [asdict(c) for c in rnd.candidates]))
         for _ in steps:

@@ -68,6 +68,7 @@ class Round:
     slim_called: bool = False
     full_called: bool = False
     forced_by: str | None = None  # "max_unverified": tier A is closed this round
+    drafter: str | None = None  # who drafted: "model" | "lookup" | "early-exit"; None: no drafts (an AR step)
     sorted_tiers: list = field(default_factory=list)  # the tier each draft was sorted into
     phase_ms: dict = field(default_factory=lambda: {"draft": 0.0, "slim": 0.0, "full": 0.0})
     calls: list = field(default_factory=list)  # every forward: {"model", "rows", "past", "resume", "prompt"}
@@ -114,6 +115,6 @@ def record_round(trace: Trace, rnd: Round, emitted: list[dict], text: TokenText,
                          "slim_ms": ph["slim"],
                          "full_ms": ph["full"], "other_ms": max(total_ms - sum(ph.values()), 0.0),
                          "full_called": rnd.full_called, "slim_called": rnd.slim_called,
-                         "forced_by": rnd.forced_by, "calls": rnd.calls,
+                         "forced_by": rnd.forced_by, "drafter": rnd.drafter, "calls": rnd.calls,
                          "candidates": [asdict(c) for c in rnd.candidates]})
     tally.add(trace.rounds[-1], new)

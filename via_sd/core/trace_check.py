@@ -26,6 +26,7 @@ TIERS = ("draft", "slim", "full")
 OUTCOMES = ("kept", "replaced", "bonus")
 DECISIONS = ("accepted", "kept", "replaced", "discarded")  # "pending" exists only in live events
 SIGNALS = ("slim", "draft")
+DRAFTER_KINDS = ("model", "lookup", "hybrid", "early-exit")  # config.drafter, models.drafter_kind
 
 MAX_JSON_BYTES = 20 * 2**20
 MAX_DEPTH = 12  # a trace is 5 deep (top -> rounds -> round -> candidates -> candidate)
@@ -265,7 +266,10 @@ def _config(path, v):
                       "chat": lambda p, x: _flag(p, x), "progressive": lambda p, x: _flag(p, x),
                       "max_unverified": lambda p, x: _count(p, x, MAX_ITEMS),
                       "slim_cache": lambda p, x: _choice(p, x, ("own", "full")),
-                      "reuse_opening": lambda p, x: _flag(p, x)}, 1)
+                      "reuse_opening": lambda p, x: _flag(p, x),
+                      "drafter": lambda p, x: _choice(p, x, DRAFTER_KINDS),
+                      "lookup_ngram": lambda p, x: _count(p, x, 64), "lookup_tokens": lambda p, x: _count(p, x, 64),
+                      "exit_layer": lambda p, x: _count(p, x, 4096)}, 1)
 
 
 def _models(path, v):
@@ -273,6 +277,7 @@ def _models(path, v):
     _fields(path, v, {"drafter": lambda p, x: _string(p, x, optional=True),
                       "verifier": lambda p, x: _string(p, x, optional=True),
                       "route": lambda p, x: _string(p, x, optional=True),
+                      "drafter_kind": lambda p, x: _choice(p, x, DRAFTER_KINDS),
                       "skipped": lambda p, x: _each(p, x, lambda q, y: _string(q, y), MAX_CANDIDATES),
                       "skip_fraction": lambda p, x: _prob(p, x)}, 1)
 

@@ -1,0 +1,146 @@
+"""Drafters behind one interface (issue 27): prompt lookup proposes exactly what followed the longest match,
+greedy SD equals AR with every drafter, sampled SD with prompt lookup follows the verifier, the early exit shares
+the verifier's cache without changing its output, and VIA-SD's draft signal refuses a drafter without p(x)."""
+
+import json
+
+import pytest
+import torch
+
+from via_sd import DecodeConfig, Thresholds, Trace, generate, tiny_random_pair
+from via_sd.core.decoding import Run
+from via_sd.core.drafters import lookup
+from via_sd.core.sampling import logits_to_probs
+
+from test_via_decoding import _chi_square
+
+DRAFTERS = ("model", "lookup", "hybrid", "early-exit")
+COPY = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n"
+
+
+def config(**kw):
+    kw.setdefault("max_new_tokens", 40)
+    kw.setdefault("chat", False)
+    return DecodeConfig(**kw)
+
+
+def test_prompt_lookup_proposes_what_followed_the_longest_most_recent_match_and_nothing_without_one():
+    seq = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 6, 1, 2, 3]
+    # the 3-gram [1, 2, 3] ends the sequence and occurs at 0: what followed it there
+    assert lookup(seq, max_ngram=3, max_tokens=4) == ([9, 9, 5, 2], 3)
+    assert lookup(seq, max_ngram=3, max_tokens=2) == ([9, 9], 3)
+    # n-grams of at most 2: [2, 3] occurs at 1 and at 6; the most recent is at 6
+    assert lookup(seq, max_ngram=2, max_tokens=3) == ([7, 8, 6], 2)
+    assert lookup([4, 5, 6, 7], 3, 5) == ([], 0)  # the last token never occurred before
+    assert lookup([], 3, 5) == ([], 0) and lookup([4], 3, 5) == ([], 0)
+    assert lookup([4, 4, 4], 3, 5) == ([4, 4, 4, 4, 4], 2)  # a repeating stretch goes on repeating
+    assert lookup([1, 2, 3, 1, 2], 3, 5) == ([3, 1, 2, 3, 1], 2)
+
+
+@pytest.mark.parametrize("drafter", DRAFTERS)
+@pytest.mark.parametrize("gamma", [3, "auto"])
+def test_greedy_sd_equals_ar_with_every_drafter(tiny_pair, drafter, gamma):
+    ar = generate(tiny_pair, COPY, "ar", config(gamma=gamma))
+    sd = generate(tiny_pair, COPY, "sd", config(gamma=gamma, drafter=drafter))
+    assert sd.token_ids == ar.token_ids
+    assert sd.models["drafter_kind"] == drafter and sd.config["drafter"] == drafter
+    drafted_by = {r["drafter"] for r in sd.rounds if r["candidates"]}
+    assert drafted_by == ({"lookup", "model"} if drafter == "hybrid" else {drafter})
+    assert Trace.from_json(sd.to_json()) == sd
+
+
+def test_prompt_lookup_without_a_match_is_an_ar_step_and_runs_no_drafter(tiny_pair):
+    trace = generate(tiny_pair, COPY, "sd", config(gamma=4, drafter="lookup"))
+    empty = [r for r in trace.rounds if not r["candidates"]]
+    assert empty, "the tiny pair's output has rounds with no match"
+    for rnd in empty:
+        assert rnd["drafter"] is None and [c["model"] for c in rnd["calls"]] == ["full"]
+        assert sum(t["round"] == rnd["round"] for t in trace.tokens) == 1
+    assert not any(c["model"] == "drafter" for r in trace.rounds for c in r["calls"])
+    kept = [sum(c["decision"] == "kept" for c in r["candidates"]) for r in trace.rounds]
+    assert max(kept) >= 2, "a repeated stretch is drafted and kept"
+
+
+def test_sampled_sd_with_prompt_lookup_follows_the_verifier():
+    """A prompt whose end ("ab/") recurs: the first round drafts "//" with p one-hot, each kept with probability q(x),
+    else a token drawn from q without x. Output token j given the tokens before it follows q at every position
+    (later rounds included: lookup or an AR step), chi-square over prefix groups, significance 0.001 per position."""
+    pair = tiny_random_pair(seed=3, verifier_layers=3)
+    prompt, temperature, gamma, runs = "ab///c ab/", 1.5, 2, 600
+    prompt_ids = pair.tokenizer(prompt).input_ids
+    samples = {j: {} for j in range(gamma + 1)}
+    decisions = {"kept": 0, "replaced": 0}
+    for seed in range(runs):
+        trace = generate(pair, prompt, "sd", config(gamma=gamma, max_new_tokens=gamma + 1, temperature=temperature,
+                                                     seed=seed, drafter="lookup"))
+        cands = trace.rounds[0]["candidates"]
+        assert [c["text"] for c in cands] == ["/", "/"] and all(c["p_draft"] == 1.0 for c in cands)
+        for c in cands:
+            decisions[c["decision"]] = decisions.get(c["decision"], 0) + 1
+        for j in range(gamma + 1):
+            samples[j].setdefault(tuple(trace.token_ids[:j]), []).append(trace.token_ids[j])
+    assert decisions["kept"] > 0.1 * runs and decisions["replaced"] > 0.1 * runs, decisions
+    for j, groups in samples.items():
+        stat, dof = 0.0, 0
+        for prefix, tokens in groups.items():
+            if len(tokens) < 40:
+                continue
+            with torch.no_grad():
+                logits = pair.verifier(torch.tensor([prompt_ids + list(prefix)])).logits[0, -1, : pair.vocab_size]
+            q = logits_to_probs(logits, temperature)
+            s, d = _chi_square(torch.bincount(torch.tensor(tokens), minlength=q.numel()).float(), q)
+            stat, dof = stat + s, dof + d
+        assert dof > 0, f"no prefix at position {j} had enough runs"
+        p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+        assert p_value > 1e-3, f"position {j}: chi-square p = {p_value:.2e}"
+
+
+def test_the_early_exit_shares_the_verifiers_cache_and_leaves_its_output_unchanged(tiny_pair):
+    cfg = config(gamma=3, drafter="early-exit", exit_layer=2)
+    run = Run(tiny_pair, COPY, "sd", cfg)
+    drafter, full = run.dec.drafter.model, run.dec.full.model
+    assert drafter.owner is full.owner  # one network split at the exit: one KV cache for layers 0..1
+    assert run.dec.drafting.costs.c < 1.0
+    for _ in range(3):  # a few rounds; at each drafts event the shared layers hold the drafted positions already
+        before = len(run.seq)
+        for event in run.round():
+            if event.kind == "drafts":
+                # the verification pass computes the shared layers for the last draft only, and resumes from the rest
+                assert full.owner.seen == before + len(event.candidates) - 1 and full.seen < before
+    ar = generate(tiny_pair, COPY, "ar", cfg)
+    sd = generate(tiny_pair, COPY, "sd", cfg)
+    assert sd.token_ids == ar.token_ids
+    for a, b in zip(ar.tokens, sd.tokens):  # the verifier's probability of every token it decided, unchanged
+        if b["q_full"] is not None:
+            assert b["q_full"] == pytest.approx(a["q_full"], abs=1e-5)
+    via = generate(tiny_pair, COPY, "via", config(gamma=3, drafter="early-exit", exit_layer=2,
+                                                  thresholds=Thresholds.preset("lossless")))
+    assert via.token_ids == ar.token_ids
+
+
+def test_vias_draft_signal_refuses_a_drafter_without_p_and_the_slim_signal_takes_every_drafter(tiny_routed_pair):
+    draft_signal = Thresholds(accept=0.9, escalate=0.5, signal="draft")
+    for drafter in ("lookup", "hybrid"):
+        with pytest.raises(ValueError, match="signal='slim'"):
+            generate(tiny_routed_pair, COPY, "via", config(gamma=3, drafter=drafter, thresholds=draft_signal))
+    generate(tiny_routed_pair, COPY, "via", config(gamma=3, drafter="early-exit", thresholds=draft_signal))
+    for drafter in DRAFTERS:
+        trace = generate(tiny_routed_pair, COPY, "via", config(gamma=3, drafter=drafter))
+        assert len(trace.token_ids) == 40 and trace.summary["tier_counts"]
+
+
+@pytest.mark.parametrize("kwargs, words", [({"drafter": "ngram"}, "drafter must be one of"),
+                                           ({"lookup_ngram": 0}, "lookup_ngram"), ({"exit_layer": -1}, "exit_layer")])
+def test_bad_drafter_settings_say_what_to_change(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        DecodeConfig(**kwargs)
+
+
+def test_an_old_trace_without_drafter_fields_still_loads(tiny_pair):
+    data = generate(tiny_pair, COPY, "sd", config(gamma=2, max_new_tokens=8)).to_dict()
+    for key in ("drafter", "lookup_ngram", "lookup_tokens", "exit_layer"):
+        data["config"].pop(key)
+    data["models"].pop("drafter_kind")
+    for rnd in data["rounds"]:
+        rnd.pop("drafter")
+    assert Trace.from_json(json.dumps(data)).token_ids == data["token_ids"]

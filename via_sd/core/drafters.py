@@ -1,0 +1,237 @@
+"""What proposes a round's tokens, behind one narrow interface (in the spirit of transformers'
+`CandidateGenerator`), and the four drafters behind it.
+
+    drafter.source(seq)          who drafts this round: "model", "lookup" or "early-exit" (a hybrid names
+                                 the part it picks), or None: no drafts, the round is an AR step (no pass
+                                 is wasted on a draft nobody proposed)
+    drafter.propose(seq, gamma)  up to gamma tokens and their distributions p [n, V], or None where the drafter
+                                 has none (prompt lookup): the decoder then makes p one-hot, so sampled SD stays
+                                 exact (x is kept with probability q(x), else a token is drawn from q without x)
+    drafter.learn(source, ...)   what the round's outcome tells it: its running acceptance per source, which
+                                 the cost model (gamma="auto") and prompt lookup's "does a draft pay" read
+    drafter.profile(source)      the pair's cost profile with this drafter's cost per token in draft_ms
+
+The drafters (DecodeConfig(drafter=...)):
+    model       the pair's small model (today's drafter, unchanged)
+    lookup      prompt lookup: the longest n-gram (up to `lookup_ngram` tokens) that ends the sequence (prompt
+                and output) and occurs earlier in it, at its most recent occurrence, proposes what followed it
+                (up to `lookup_tokens`); no model, c ~ 0. Cost-aware: with gamma="auto" the cost model caps the
+                draft at the length that pays under the verifier's V(k) (a long wrong draft costs a wide pass),
+                and a match whose n-gram length has been accepted too rarely to pay drafts nothing (an AR step)
+    hybrid      prompt lookup when it has a match that pays, else the model drafter
+    early-exit  the verifier's own first `exit_layer` layers, its final norm and head (self-speculation, as
+                LayerSkip / transformers' `assistant_early_exit`); in SD its KV cache for those layers *is* the
+                verifier's (progressive.ProgressiveVerifier split at the exit), and the verification pass resumes
+                from the drafted positions' hidden states at the exit instead of recomputing them. In VIA-SD the
+                slim and full verifier already share their trunk, so the early-exit drafter keeps its own cache.
+VIA-SD's `draft` signal sorts tokens by the drafter's own probability: prompt lookup has none, so a lookup or hybrid
+drafter under that signal is refused (`check_signal`); the `slim` signal works with every drafter.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from ..cost.model import Rates, best_gamma, expected_emitted, sd_round_ms, via_round_ms, via_round_tokens
+from .early_exit import EarlyExitNet, early_exit_verifier, exit_draft_ms, exit_layer_of
+from .sampling import pick
+
+LOOKUP_NGRAM, LOOKUP_TOKENS = 3, 10
+
+
+def lookup(seq: list[int], max_ngram: int = LOOKUP_NGRAM, max_tokens: int = LOOKUP_TOKENS) -> tuple[list[int], int]:
+    """Prompt lookup: (what followed the most recent earlier occurrence of the longest n-gram, n <= max_ngram, that
+    ends `seq`, up to max_tokens; n), or ([], 0) when no n-gram of the sequence's end occurs earlier. A continuation
+    that reaches the sequence's end goes on copying itself (a repeating stretch repeats, as LZ77 copies overlap)."""
+    end = len(seq)
+    for n in range(min(max_ngram, end - 1), 0, -1):
+        suffix, last = seq[end - n:], seq[-1]
+        for start in range(end - n - 1, -1, -1):  # occurrences with at least one token after them
+            if seq[start + n - 1] == last and seq[start:start + n] == suffix:
+                cont = seq[start + n:start + n + max_tokens]
+                while len(cont) < max_tokens:  # past the end: the continuation itself, one period on
+                    cont.append(cont[start + n + len(cont) - end])
+                return cont, n
+    return [], 0
+
+
+def check_signal(drafter: str, method: str, signal: str) -> None:
+    """VIA-SD's draft signal needs the drafter's probability of each token: prompt lookup has none."""
+    if method == "via" and signal == "draft" and drafter in ("lookup", "hybrid"):
+        raise ValueError(f"the drafter {drafter!r} proposes tokens without a probability, so VIA-SD's 'draft' signal "
+                         "(which sorts tokens by the drafter's own p(x)) cannot sort them: use signal='slim' (the "
+                         "paper's rule: the slim verifier's confidence), or drafter='model' / 'early-exit'")
+
+
+def pays(profile, method: str, rates: Rates, gamma: int, slim_sorts: bool) -> bool:
+    """Whether a round of `gamma` drafts is predicted to emit tokens faster than AR's one-token pass."""
+    if method == "sd":
+        rate = expected_emitted(rates.alpha, gamma) / sd_round_ms(profile, gamma)
+    else:
+        rate = via_round_tokens(gamma, rates, slim_sorts) / via_round_ms(profile, gamma, rates, slim_sorts)
+    return rate * profile.verify(1) > 1.0
+
+
+class Drafter:
+    """The model drafter (or any model that drafts one token a step through a cache: the early exit)."""
+
+    name = "model"
+
+    def __init__(self, dec, reader, base_profile, draft_ms=None):
+        self.dec, self.reader = dec, reader  # dec: probs, config, generator (the decoder's)
+        self.rates: dict = {}
+        self.profiles = {self.name: base_profile if draft_ms is None else replace(base_profile, draft_ms=draft_ms)}
+
+    def source(self, seq: list[int]) -> str | None:
+        return self.name
+
+    def key(self, source: str) -> str:
+        """The running estimates a round of `source` learns into."""
+        return source
+
+    def profile(self, source: str):
+        return self.profiles[source]
+
+    @property
+    def costs(self):
+        """The profile whose draft_ms prices this drafter's recorded forwards (a hybrid's are the model's)."""
+        return self.profiles["model" if "model" in self.profiles else self.name]
+
+    def rates_for(self, source: str) -> Rates:
+        return self.rates.setdefault(self.key(source), Rates())
+
+    def learn(self, source: str, kept: int, rejected: bool, tiers: list, lag) -> None:
+        self.rates_for(source).add(kept, rejected, tiers, lag)
+
+    def propose(self, seq: list[int], gamma: int) -> tuple[list[int], torch.Tensor | None]:
+        """Drafts one token a step; stops early once the drafter's p(x) falls below config.draft_stop."""
+        dec = self.dec
+        tokens, dists, ext = [], [], list(seq)
+        for _ in range(gamma):
+            p = dec.probs(self.reader.logits(ext, len(ext), 1)[0])
+            token = pick(p, dec.config.greedy, dec.generator)
+            tokens.append(token)
+            dists.append(p)
+            ext.append(token)
+            if float(p[token]) < dec.config.draft_stop:  # an unsure drafter wastes the next drafts
+                break
+        return tokens, torch.stack(dists)
+
+
+class EarlyExit(Drafter):
+    name = "early-exit"
+
+
+class PromptLookup(Drafter):
+    """Prompt lookup: no model; each n-gram length learns its own acceptance (a 1-gram match is weak evidence)."""
+
+    name = "lookup"
+
+    def __init__(self, dec, base_profile, vocab: int, method: str, slim_sorts: bool):
+        cfg = dec.config
+        self.dec, self.rates, self.ngram, self.tokens, self.vocab = dec, {}, cfg.lookup_ngram, cfg.lookup_tokens, vocab
+        self.method, self.slim_sorts = "sd" if method == "sd" else "via", slim_sorts
+        self.profiles = {"lookup": replace(base_profile, draft_ms=(lookup_ms(self.ngram, self.tokens),) * 3)}
+        self.match, self.n, self.at = [], 0, -1
+
+    def find(self, seq: list[int]) -> list[int]:
+        if self.at != len(seq):  # one search a round (source and propose ask for the same sequence)
+            match, self.n = lookup(seq, self.ngram, self.tokens)
+            cut = next((i for i, t in enumerate(match) if t >= self.vocab), len(match))
+            self.match, self.at = match[:cut], len(seq)
+        return self.match
+
+    def key(self, source: str) -> str:
+        return f"lookup{self.n}" if source == "lookup" else source
+
+    def source(self, seq: list[int]) -> str | None:
+        """"lookup" when the sequence's end occurs earlier and a draft from a match of this n-gram length pays
+        (gamma="auto": at the acceptance such matches have had in this run), else None."""
+        if not self.find(seq):
+            return None
+        if self.dec.config.auto_gamma:
+            profile, rates = self.profile("lookup"), self.rates_for("lookup")
+            gamma = best_gamma(profile, self.method, rates, self.slim_sorts)
+            if not pays(profile, self.method, rates, gamma, self.slim_sorts):
+                return None
+        return "lookup"
+
+    def propose(self, seq: list[int], gamma: int) -> tuple[list[int], None]:
+        return self.find(seq)[:gamma], None
+
+
+class Hybrid(PromptLookup):
+    """Prompt lookup when it has a match that pays, else the model drafter."""
+
+    name = "hybrid"
+
+    def __init__(self, dec, base_profile, vocab: int, method: str, slim_sorts: bool, model: Drafter):
+        super().__init__(dec, base_profile, vocab, method, slim_sorts)
+        self.model, self.chosen = model, "model"
+        self.profiles["model"] = model.profile("model")
+
+    def source(self, seq: list[int]) -> str:
+        self.chosen = super().source(seq) or "model"
+        return self.chosen
+
+    def propose(self, seq: list[int], gamma: int):
+        """Drafts from the part the last `source` call picked."""
+        return super().propose(seq, gamma) if self.chosen == "lookup" else self.model.propose(seq, gamma)
+
+
+_LOOKUP_MS: dict = {}
+
+
+def lookup_ms(ngram: int, tokens: int) -> float:
+    """What one prompt-lookup search costs here (a 512-token sequence with no match: the longest search), in ms:
+    the lookup's draft_ms (it drafts a whole continuation in one search; counted per token, a bound)."""
+    if (ngram, tokens) not in _LOOKUP_MS:
+        seq = list(range(512))
+        start = time.perf_counter()
+        for _ in range(5):
+            lookup(seq, ngram, tokens)
+        _LOOKUP_MS[(ngram, tokens)] = max((time.perf_counter() - start) * 1000.0 / 5, 1e-4)
+    return _LOOKUP_MS[(ngram, tokens)]
+
+
+def describe(config, pair) -> str:
+    """What drafted, in words (the trace's models.drafter)."""
+    kind = config.drafter
+    lookup_words = f"prompt lookup (n-gram <= {config.lookup_ngram}, <= {config.lookup_tokens} tokens)"
+    if kind == "lookup":
+        return lookup_words
+    if kind == "hybrid":
+        return f"{lookup_words}, else {pair.drafter_name}"
+    if kind == "early-exit":
+        n = pair.verifier.config.num_hidden_layers
+        return f"{pair.verifier_name}, early exit after layer {exit_layer_of(config, pair.verifier)} of {n}"
+    return pair.drafter_name
+
+
+def exit_caches(pair, config, method: str, start, device):
+    """(the early-exit drafter's cache, the full verifier's cache or None): in SD one network split at the exit,
+    its two views; in VIA-SD (whose verifiers share their own trunk) a cache of the exit's own."""
+    from .cached import CachedModel
+
+    layer, vocab = exit_layer_of(config, pair.verifier), pair.vocab_size
+    if method == "sd":
+        both = start(("early-exit", layer), lambda: early_exit_verifier(pair.verifier, layer, vocab, device))
+        return both.view("slim"), both.view("full")
+    net = EarlyExitNet(pair.verifier, layer)
+    return start(("early-exit-own", layer), lambda: CachedModel(net, vocab, net.device, device)), None
+
+
+def make_drafter(dec, kind: str, pair, method: str, reader) -> Drafter:
+    """The run's drafter: `reader` reads the model that drafts (the pair's drafter, or the early exit)."""
+    base = pair.costs
+    if kind == "early-exit":
+        return EarlyExit(dec, reader, base, exit_draft_ms(pair, exit_layer_of(dec.config, pair.verifier)))
+    model = Drafter(dec, reader, base)
+    if kind == "lookup":
+        return PromptLookup(dec, base, pair.vocab_size, method, dec.slim_sorts)
+    if kind == "hybrid":
+        return Hybrid(dec, base, pair.vocab_size, method, dec.slim_sorts, model)
+    return model
