@@ -8,7 +8,8 @@ import sys
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=None, help="embedded (default), gpu, cpu, tiny or random")
-    parser.add_argument("--drafter", help="hub id, local folder or .gguf file (instead of a preset)")
+    parser.add_argument("--drafter", help="who drafts: model (default), lookup, hybrid or early-exit; or the drafter "
+                        "model: a hub id, local folder or .gguf file (instead of a preset)")
     parser.add_argument("--verifier", help="hub id, local folder or .gguf file (instead of a preset)")
     parser.add_argument("--route", help="slim verifier route: shipped name, .json file, 'none', or attn.7,mlp.12")
     parser.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda when available)")
@@ -33,6 +34,10 @@ def add_decode_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--escalate", type=float, default=None, help="tier C threshold (default: shipped)")
     parser.add_argument("--signal", choices=["slim", "draft"], default=None, help="whose confidence sorts tokens")
     parser.add_argument("--no-chat", action="store_true", help="do not apply the chat template")
+    parser.add_argument("--lookup-ngram", type=int, default=3, help="prompt lookup: the longest n-gram matched")
+    parser.add_argument("--lookup-tokens", type=int, default=10, help="prompt lookup: the most tokens one match drafts")
+    parser.add_argument("--exit-layer", type=int, default=0, help="early exit: the verifier's layers that draft "
+                        "(0: half of them)")
 
 
 def gamma_value(text: str):
@@ -61,11 +66,19 @@ def pair_from_args(args, weights: str | None = None):
     from .. import load_pair
     from ..route_search.resolve import pick_route
 
-    preset = args.preset or (None if args.drafter or args.verifier else "embedded")
-    pair = load_pair(preset, drafter=args.drafter, verifier=args.verifier, route=parse_route(args.route),
+    model = None if drafter_kind(args) else args.drafter  # --drafter names who drafts, or the drafter model
+    preset = args.preset or (None if model or args.verifier else "embedded")
+    pair = load_pair(preset, drafter=model, verifier=args.verifier, route=parse_route(args.route),
                      device=args.device, weights=weights or getattr(args, "weights", "auto"), progress=print_progress)
     pick_route(pair, progress=print_progress)
     return pair
+
+
+def drafter_kind(args) -> str | None:
+    """--drafter as who drafts (model, lookup, hybrid, early-exit), or None when it names a drafter model."""
+    from ..core.config import DRAFTERS
+
+    return args.drafter if getattr(args, "drafter", None) in DRAFTERS else None
 
 
 def config_from_args(args):
@@ -79,4 +92,6 @@ def config_from_args(args):
                         top_p=args.top_p, seed=args.seed, thresholds=thresholds, chat=not args.no_chat,
                         draft_stop=DecodeConfig.draft_stop if args.draft_stop is None else args.draft_stop,
                         max_unverified=(DecodeConfig.max_unverified if getattr(args, "max_unverified", None) is None
-                                        else args.max_unverified))
+                                        else args.max_unverified),
+                        drafter=drafter_kind(args) or "model", lookup_ngram=getattr(args, "lookup_ngram", 3),
+                        lookup_tokens=getattr(args, "lookup_tokens", 10), exit_layer=getattr(args, "exit_layer", 0))
