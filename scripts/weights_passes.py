@@ -104,7 +104,7 @@ def _dense_forward(m):
     from via_sd.weights.linears import BLOCK_N
 
     n, k, g, nb = m.out_features, m.in_features, m.group, m.out_features // BLOCK_N
-    sz = m.scales_and_zeros.float()
+    sz = m.scales.float()
     scale, shift = [t.to(torch.bfloat16).reshape(k // g, nb, BLOCK_N).permute(1, 0, 2).contiguous()[:, :, None]
                     for t in (sz[..., 0], sz[..., 1] - 8 * sz[..., 0])]
 
@@ -128,7 +128,7 @@ def _set_dense(model, dense: bool) -> None:
     for m in model.modules():
         if isinstance(m, Int4Linear):
             m.__dict__.pop("forward", None)
-            if dense and m.out_features % 64 == 0 and m.out_features * m.in_features <= MAX_DENSE:
+            if dense and m.layout == "torch" and m.out_features % 64 == 0 and m.out_features * m.in_features <= MAX_DENSE:
                 m.forward = _dense_forward(m)
 
 

@@ -14,16 +14,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
 def _session_cache() -> Path:
-    """A cache for this test session holding only what the set-up made (`python -m via_sd setup`: the embedded pair,
-    linked, and the cost profile it measured, copied), never what an earlier test run measured or searched: so a
+    """A cache for this test session holding only what the set-up made (`python -m via_sd setup`: the embedded pair
+    and the compiled kernel, linked, and the cost profile it measured, copied), never what an earlier test run measured or searched: so a
     session on a machine that ran the tests before behaves as on a fresh one."""
     from via_sd.cli.setup import SETUP_RECORD
     from via_sd.weights.paths import cache_root
 
     built, session = cache_root(), Path(tempfile.mkdtemp(prefix="via-sd-tests-"))
     atexit.register(shutil.rmtree, session, ignore_errors=True)
-    if (built / "embedded").is_dir():
-        (session / "embedded").symlink_to(built / "embedded", target_is_directory=True)
+    for made in ("embedded", "kernels"):  # the pair and the compiled low-bit kernel
+        if (built / made).is_dir():
+            (session / made).symlink_to(built / made, target_is_directory=True)
     try:
         profiles = json.loads((built / SETUP_RECORD).read_text())["profiles"]
     except (OSError, ValueError, KeyError):

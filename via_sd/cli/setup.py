@@ -26,6 +26,9 @@ def cmd_setup(args) -> int:
 
     drafter_dir, verifier_dir = embedded_model_dirs()
     print(f"embedded pair ready:\n  drafter  {drafter_dir}\n  verifier {verifier_dir}")
+    from ..weights.linears import kernel_rule
+
+    print(f"low-bit kernel: {kernel_rule()}")  # built here once (a C++ extension), else torch's
     from ..weights.settings import int4_available
 
     if int4_available():

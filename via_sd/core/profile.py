@@ -31,8 +31,9 @@ from ..weights.paths import cache_root
 from .progressive import ProgressiveVerifier
 
 log = logging.getLogger("via_sd.core.profile")
-VERSION = 6  # 4: the drafter runs its lean forward (lean.py); 5: its steps timed paired with a verifier step;
-# 6: every int4 pass takes the kernel (linears.KERNEL_RULE: no timed de-quantized path for long prompt reads)
+VERSION = 7  # 4: the drafter runs its lean forward (lean.py); 5: its steps timed paired with a verifier step;
+# 6: every int4 pass takes the kernel (linears.KERNEL_RULE: no timed de-quantized path for long prompt reads);
+# 7: the project's low-bit kernel (lowbit_kernel.cpp), and the kernel in use is part of the key
 CONTEXT = 200
 REPEATS = 5
 # c = draft(1) / verify(1) steers gamma="auto": each sweep times each drafter step three times, every time right
@@ -70,7 +71,8 @@ def profile_key(pair) -> dict:
     return {"version": VERSION, "drafter": pair.drafter_name, "verifier": pair.verifier_name,
             "drafter_build": build_of(pair.drafter), "verifier_build": build_of(pair.verifier),
             "weights": pair.weights, "route": list(pair.route.skip), "device": str(pair.device),
-            "device_name": device_name(pair.device), "threads": torch.get_num_threads(), "torch": torch.__version__}
+            "device_name": device_name(pair.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "kernels": pair.kernels() if hasattr(pair, "kernels") else None}
 
 
 def profile_path(key: dict):

@@ -1,11 +1,13 @@
-"""The int4 and int8 linears on torch's CPU kernels, and the nibble layouts they read.
+"""The int4 and int8 linears, and the nibble layouts their kernels read.
 
-`Int4Linear`: group-wise int4 weights (groups of 32 along the input dimension,
-w = (q - 8) * scale + zero, gpt-fast's layout), run by `_weight_int4pack_mm_for_cpu` on bf16
-activations; every output row and column is computed on its own, so stacking output features (fused.py)
-or rows changes no bit. Every pass, of any row count, takes that kernel: the path is a rule fixed in code
-(`KERNEL_RULE`), never a timing, so a prompt gives the same numbers on every machine with the same torch and
-CPU capability. `Int8Linear`: per-channel int8 for the tensors a GGUF keeps at 5-8 bits.
+Every low-bit pass, of any row count, takes one kernel, chosen once per process (`KERNEL_RULE`): the project's own
+(lowbit_kernel.cpp: activations quantized to int8 per row and group of 32, integer dot products, the same bits on
+every x86 path, weights read once per call whatever the rows) where it builds, else torch's
+`_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` on bf16 activations. Either computes every output row and
+column on its own, so stacking output features (fused.py) or rows changes no bit: greedy SD equals greedy AR.
+`Int4Linear`: group-wise int4 weights (groups of 32 along the input dimension, w = (q - 8) * scale + zero).
+`Int8Linear`: per-channel int8 for the tensors a GGUF keeps at 5-8 bits. Each holds its weights in the layout of
+the kernel in use ("tiles" for ours, "torch" for torch's).
 """
 
 from __future__ import annotations
@@ -13,17 +15,26 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import lowbit_kernel
+
 GROUP = 32
 BLOCK_N = 64       # rows per block of the CPU packed layout (checked by _layout_ok)
-# Which path a low-bit pass takes, recorded in every trace (models.describe). A de-quantize + bf16 matmul path for
-# long prompt reads, chosen by a timing at set-up, once made a prompt's numbers depend on the machine; measured
-# side by side it was slower than the kernel on both CPU kinds these machines have (BENCHMARKS.md), so it is gone.
-KERNEL_RULE = "torch int4/int8 weight-only kernels at every row count"
+TILE = 16          # outputs side by side in the project's kernel layout
+# Which path a low-bit pass takes, recorded in every trace (models.describe). Never a timing: a path chosen by a
+# timing at set-up once made a prompt's numbers depend on the machine.
+KERNEL_RULE = "one low-bit kernel at every row count, chosen at load: the project's where it builds, else torch's"
+
+
+def use_tiles() -> bool:
+    """Do new low-bit layers take the project's kernel (its "tiles" layout)?"""
+    return lowbit_kernel.available()
 
 
 def kernel_rule() -> str:
-    """The kernel rule and what its numbers depend on: torch's version and the CPU capability it dispatches to."""
-    return f"{KERNEL_RULE} (torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"
+    """The kernel in use and what its numbers depend on (torch's kernels: torch's version and the CPU capability)."""
+    if use_tiles():
+        return lowbit_kernel.describe()
+    return f"{lowbit_kernel.describe()} (torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"
 
 
 def int4_available() -> bool:
@@ -87,60 +98,109 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
 
 
+def _pack_tiles(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
+    """Codes [n, K] (0..15), scale and zero [n, K / 32] -> the project's kernel layout (lowbit_kernel.cpp): codes
+    uint8 [n / 16, K / 32, 256], and bf16 [n / 16, K / 32, 2, 16] holding s and m = zero - 8 s (w = q s + m)."""
+    n, k = q.shape
+    t, g = n // TILE, k // GROUP
+    q6 = q.to(torch.uint8).view(t, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # tile, group, quad pair, out, i, half
+    codes = (q6[..., 0] | (q6[..., 1] << 4)).reshape(t, g, 256).contiguous()
+    m = zero.float() - 8 * scale.float()
+    sm = torch.stack([scale.float().view(t, TILE, g), m.view(t, TILE, g)], 1).permute(0, 3, 1, 2)
+    return codes, sm.to(torch.bfloat16).contiguous()
+
+
+def _unpack_tiles(codes: torch.Tensor, sm: torch.Tensor):
+    """The inverse of _pack_tiles: codes [n, K] and (s, m) [n, K / 32] as float32."""
+    t, g = codes.shape[:2]
+    b = codes.view(t, g, 4, TILE, 4)
+    q = torch.stack([b & 15, b >> 4], -1).permute(0, 3, 1, 2, 5, 4).reshape(t * TILE, g * GROUP)
+    s, m = sm.float().permute(0, 3, 1, 2).reshape(t * TILE, g, 2).unbind(-1)
+    return q, s, m
+
+
 class Int4Linear(nn.Module):
-    """y = x @ W.T + b with W held as group-wise int4 in the layout of torch's CPU int4 kernel, which computes
+    """y = x @ W.T + b with W held as group-wise int4 in the layout of the kernel in use (`layout`), which computes
     every row on its own: a pass over k rows gives each row the bits a one-row pass gives it."""
 
-    def __init__(self, packed: torch.Tensor, scales_and_zeros: torch.Tensor, bias=None, group: int = GROUP):
+    def __init__(self, packed: torch.Tensor, scales: torch.Tensor, bias=None, group: int = GROUP):
         super().__init__()
         self.group = group
-        self.in_features, self.out_features = scales_and_zeros.shape[0] * group, scales_and_zeros.shape[1]
+        self.layout = "tiles" if packed.dim() == 3 else "torch"
+        if self.layout == "tiles":  # codes [N / 16, K / 32, 256], scales [N / 16, K / 32, 2, 16]
+            self.in_features, self.out_features = packed.shape[1] * group, packed.shape[0] * TILE
+        else:  # torch's: scales_and_zeros [K / group, N, 2]
+            self.in_features, self.out_features = scales.shape[0] * group, scales.shape[1]
         # a (uint8) parameter, not a buffer, so code that counts or collects a model's parameters
         # (route costs, the slim verifier's weight set) still sees the weights; one element = 2 weights
         self.packed = nn.Parameter(packed, requires_grad=False)
-        self.register_buffer("scales_and_zeros", scales_and_zeros)  # [K / group, N, 2], the kernel's layout
+        self.register_buffer("scales", scales)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     @classmethod
-    def from_codes(cls, chunks, bias=None) -> "Int4Linear":
+    def from_codes(cls, chunks, bias=None, tiles: bool | None = None) -> "Int4Linear":
         """From (codes 0..15 [n, K], scale [n, K/32], zero [n, K/32]) row chunks (multiples of 64 rows
         but the last), packed chunk by chunk so no int32 copy of a large weight ever exists."""
-        packed, sz = [], []
+        tiles = use_tiles() if tiles is None else tiles
+        packed, scales = [], []
         for q, scale, zero in chunks:
             if not int4_shape_ok(*q.shape):
                 raise ValueError(f"the int4 kernel cannot take a {q.shape[0]}x{q.shape[1]} weight")
-            packed.append(_pack(q))
-            sz.append(torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).to(torch.bfloat16))
-        return cls(torch.cat(packed, 0), torch.cat(sz, 1).contiguous(), bias)
+            if tiles:
+                codes, sm = _pack_tiles(q, scale, zero)
+                packed.append(codes)
+                scales.append(sm)
+            else:
+                packed.append(_pack(q))
+                scales.append(torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).to(torch.bfloat16))
+        return cls(torch.cat(packed, 0), torch.cat(scales, 0 if tiles else 1).contiguous(), bias)
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, bias=None, rows: int = 4096) -> "Int4Linear":
+    def from_float(cls, weight: torch.Tensor, bias=None, rows: int = 4096, tiles: bool | None = None) -> "Int4Linear":
         """Quantizes a float [N, K] weight group-wise (min / max per group of 32)."""
         weight = weight.detach()
-        return cls.from_codes((quantize_int4(weight[i:i + rows]) for i in range(0, weight.shape[0], rows)), bias)
+        chunks = (quantize_int4(weight[i:i + rows]) for i in range(0, weight.shape[0], rows))
+        return cls.from_codes(chunks, bias, tiles)
 
     @classmethod
     def stacked(cls, parts: list["Int4Linear"]) -> "Int4Linear":
         """One layer whose output features are the parts' outputs side by side (fused q/k/v, gate/up):
-        the packed blocks of 64 rows and their scales are concatenated as they are, nothing re-quantized."""
+        the packed tiles (or blocks of 64 rows) and their scales are concatenated as they are, nothing re-quantized."""
+        tiles = all(p.layout == "tiles" for p in parts)
         if not all(p.out_features % BLOCK_N == 0 and p.in_features == parts[0].in_features for p in parts) \
-                or not _layout_ok():
-            raise ValueError("only layers of whole 64-row blocks over one input width can be stacked")
+                or not (tiles or (_layout_ok() and all(p.layout == "torch" for p in parts))):
+            raise ValueError("only layers of whole 64-row blocks over one input width, in one layout, can be stacked")
         biases = [p.bias if p.bias is not None else torch.zeros(p.out_features) for p in parts]
         bias = torch.cat(biases) if any(p.bias is not None for p in parts) else None
-        return cls(torch.cat([p.packed for p in parts]), torch.cat([p.scales_and_zeros for p in parts], 1), bias,
-                   parts[0].group)
+        return cls(torch.cat([p.packed for p in parts]), torch.cat([p.scales for p in parts], 0 if tiles else 1),
+                   bias, parts[0].group)
+
+    def codes(self):
+        """(codes [N, K] 0..15, scale, zero [N, K / 32] float32): the weights as w = (q - 8) * scale + zero."""
+        n, k = self.out_features, self.in_features
+        if self.layout == "tiles":
+            q, s, m = _unpack_tiles(self.packed, self.scales)
+            return q, s, m + 8 * s
+        sz = self.scales.float().transpose(0, 1)  # [N, K / group, 2]
+        return _unpack(self.packed, n, k), sz[..., 0], sz[..., 1]
 
     def select_rows(self, ids: torch.Tensor) -> "Int4Linear":
         """A layer of only the output features `ids` (a multiple of 16 of them), same codes and scales."""
         n, k = self.out_features, self.in_features
-        if n % BLOCK_N or not _layout_ok() or len(ids) % 16:
+        if len(ids) % 16 or (self.layout == "torch" and (n % BLOCK_N or not _layout_ok())):
             raise ValueError(f"cannot select {len(ids)} of the rows of a {n}x{k} int4 layer")
+        if self.layout == "tiles":
+            t = torch.unique(ids // TILE)  # only the tiles that hold a chosen row are unpacked
+            q, s, m = _unpack_tiles(self.packed[t], self.scales[t])
+            where = torch.searchsorted(t, ids // TILE) * TILE + ids % TILE
+            packed, sm = _pack_tiles(q[where], s[where], m[where] + 8 * s[where])
+            bias = None if self.bias is None else self.bias[ids]
+            return type(self)(packed, sm, bias, self.group)
         blocks = torch.unique(ids // BLOCK_N)
         chosen = self.packed.view(n // BLOCK_N, k * BLOCK_N // 2)[blocks].view(-1, k // 2)  # whole 64-row blocks
         codes = _unpack(chosen, len(blocks) * BLOCK_N, k)
         where = torch.searchsorted(blocks, ids // BLOCK_N) * BLOCK_N + ids % BLOCK_N
-        sz = self.scales_and_zeros[:, ids]
+        sz = self.scales[:, ids]
         bias = None if self.bias is None else self.bias[ids]
         return type(self)(_pack(codes[where]), sz.contiguous(), bias, self.group)
 
@@ -150,22 +210,28 @@ class Int4Linear(nn.Module):
         return self.packed
 
     def dequantize(self) -> torch.Tensor:
-        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and zeros)."""
+        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and offsets)."""
         n, k = self.out_features, self.in_features
+        if self.layout == "tiles":
+            q, s, m = _unpack_tiles(self.packed, self.scales)
+            return (q.float().view(n, -1, self.group) * s[..., None] + m[..., None]).view(n, k)
         q = _unpack(self.packed, n, k).float().view(n, k // self.group, self.group)
-        sz = self.scales_and_zeros.float().transpose(0, 1)  # [N, K / group, 2]
+        sz = self.scales.float().transpose(0, 1)  # [N, K / group, 2]
         return ((q - 8) * sz[..., :1] + sz[..., 1:]).view(n, k)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        x = x.reshape(-1, self.in_features).to(torch.bfloat16)
-        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_and_zeros).float()
+        if self.layout == "tiles":
+            y = lowbit_kernel.int4_mm(x.reshape(-1, self.in_features).float().contiguous(), self.packed, self.scales)
+        else:
+            x = x.reshape(-1, self.in_features).to(torch.bfloat16)
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales).float()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, {self.layout}"
 
 
 def int8_shape_ok(out_features: int, in_features: int) -> bool:
@@ -174,39 +240,56 @@ def int8_shape_ok(out_features: int, in_features: int) -> bool:
 
 
 class Int8Linear(nn.Module):
-    """y = x @ W.T + b with W as int8 per output channel (scale = max |row| / 127), run by torch's CPU
-    kernel `_weight_int8pack_mm` (bf16 activations in). For the tensors a GGUF keeps at 5 to 8 bits:
-    re-quantizing those to int4 changed the verifier's top-1 where the int4 tensors did not, and the
-    int8 kernel is as fast as the int4 one on these shapes (BENCHMARKS.md)."""
+    """y = x @ W.T + b with W as int8 per output channel (scale = max |row| / 127), for the tensors a GGUF keeps at 5
+    to 8 bits: re-quantizing those to int4 changed the verifier's top-1 where the int4 tensors did not. Run by the
+    project's kernel (codes w + 128 in tiles of 16 outputs, padded; fp32 scales) or torch's `_weight_int8pack_mm`
+    (int8 [N, K], bf16 scales and activations)."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias=None):
+    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias=None, tiles: bool | None = None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.weight = nn.Parameter(weight, requires_grad=False)  # int8 [N, K]
-        self.register_buffer("scale", scale.to(torch.bfloat16))  # [N], the kernel takes the activations' dtype
+        self.layout = "tiles" if (use_tiles() if tiles is None else tiles) else "torch"
+        if self.layout == "tiles":
+            n, k = weight.shape
+            pad = -n % TILE
+            w = torch.cat([weight, weight.new_zeros(pad, k)]) if pad else weight
+            weight = (w.to(torch.int16) + 128).to(torch.uint8).view(-1, TILE, k // GROUP, 8, 4) \
+                .permute(0, 2, 3, 1, 4).reshape(-1, k // GROUP, 512).contiguous()
+            scale = torch.cat([scale.float(), scale.new_zeros(pad, dtype=torch.float32)]).contiguous()
+        else:
+            scale = scale.to(torch.bfloat16)  # the kernel takes the activations' dtype
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.register_buffer("scale", scale)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
 
     @classmethod
-    def from_float(cls, chunks, bias=None) -> "Int8Linear":
+    def from_float(cls, chunks, bias=None, tiles: bool | None = None) -> "Int8Linear":
         """From float [n, K] row chunks, quantized one chunk at a time."""
         codes, scales = [], []
         for w in chunks:
             scale = w.abs().amax(1).clamp(min=1e-12) / 127
             codes.append((w / scale[:, None]).round_().clamp_(-127, 127).to(torch.int8))
             scales.append(scale)
-        return cls(torch.cat(codes), torch.cat(scales), bias)
+        return cls(torch.cat(codes), torch.cat(scales), bias, tiles)
 
     def dequantize(self) -> torch.Tensor:
         """W as float32 [N, K], what the kernel multiplies by."""
+        n, k = self.out_features, self.in_features
+        if self.layout == "tiles":
+            w = self.weight.view(-1, k // GROUP, 8, TILE, 4).permute(0, 3, 1, 2, 4).reshape(-1, k)[:n]
+            return (w.float() - 128) * self.scale[:n, None]
         return self.weight.float() * self.scale.float()[:, None]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).to(torch.bfloat16), self.weight,
-                                                self.scale).float()
+        x = x.reshape(-1, self.in_features)
+        if self.layout == "tiles":
+            y = lowbit_kernel.int8_mm(x.float().contiguous(), self.weight, self.scale)[:, :self.out_features]
+        else:
+            y = torch.ops.aten._weight_int8pack_mm(x.to(torch.bfloat16), self.weight, self.scale).float()
         if self.bias is not None:
             y = y + self.bias
-        return y.view(*shape[:-1], self.out_features)
+        return y.reshape(*shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, {self.layout}"

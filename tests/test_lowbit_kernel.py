@@ -1,0 +1,73 @@
+"""The project's int4 / int8 kernel (via_sd/weights/lowbit_kernel.cpp): one arithmetic on every instruction set,
+each row on its own, close to the de-quantized fp32 product and to torch's kernel, and torch's kernel where it
+cannot run."""
+
+import pytest
+import torch
+
+from via_sd.weights import lowbit_kernel
+from via_sd.weights.linears import Int4Linear, Int8Linear
+
+pytestmark = pytest.mark.skipif(not lowbit_kernel.available(), reason=f"kernel not built: {lowbit_kernel.why_not()}")
+
+# (outputs, inputs): the embedded pair's input widths (896, 1536 drafter / verifier hidden; 4864, 8960 their MLPs),
+# a slice of outputs each (tiles of 16 outputs are computed independently), and odd small shapes
+SHAPES = [(256, 896), (256, 1536), (128, 4864), (128, 8960), (16, 32), (48, 96), (272, 160)]
+ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 16]
+
+
+def _layers(n, k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=g) * 0.05
+    w[:, :32] *= 8  # a group with larger weights than the rest, as real layers have
+    return w, Int4Linear.from_float(w, tiles=True), Int8Linear.from_float([w], tiles=True)
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_every_instruction_set_gives_the_same_bits_and_each_row_its_own(n, k):
+    _, int4, int8 = _layers(n, k)
+    x = torch.randn(16, k, generator=torch.Generator().manual_seed(1))
+    x[:, 5] *= 30  # an outlier channel, as residual streams have
+    paths = range(lowbit_kernel.isa() + 1)  # generic, AVX2, AVX-512 VNNI: those this CPU runs
+    for rows in ROWS:
+        xs = x[:rows].contiguous()
+        y4 = [lowbit_kernel.int4_mm(xs, int4.packed, int4.scales, p) for p in paths]
+        y8 = [lowbit_kernel.int8_mm(xs, int8.weight, int8.scale, p) for p in paths]
+        assert all(torch.equal(y, y4[0]) for y in y4) and all(torch.equal(y, y8[0]) for y in y8), rows
+        assert torch.equal(y4[0][rows - 1:], int4(x[rows - 1:rows])), rows  # the last row, alone
+        assert torch.equal(y8[0][rows - 1:, :n], int8(x[rows - 1:rows])), rows
+
+
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_the_kernel_is_close_to_fp32_and_to_torchs_kernel(n, k):
+    """Tolerance: activations become int8 per group of 32 (steps of 1/127 of the group's largest value), so the
+    product is within ~1% of the de-quantized fp32 product in norm; torch's kernel (bf16 activations) as close."""
+    w, int4, int8 = _layers(n, k)
+    torch4 = Int4Linear.from_float(w, tiles=False)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(2))
+    for layer, reference in ((int4, x @ int4.dequantize().T), (int8, x @ int8.dequantize().T),
+                             (int4, torch4(x))):
+        assert (layer(x) - reference).norm() <= 1e-2 * reference.norm()
+    top = (x @ w.T).argmax(-1)
+    assert (int4(x).argmax(-1) == top).float().mean() >= 0.75  # random weights: near-ties are common
+
+
+def test_torchs_kernel_serves_where_the_project_kernel_cannot_load(monkeypatch):
+    from via_sd import DecodeConfig, generate, load_pair
+    from via_sd.weights.linears import kernel_rule
+
+    saved = dict(lowbit_kernel._state)
+    monkeypatch.setenv("VIA_SD_KERNEL", "torch")
+    lowbit_kernel._state.clear()
+    try:
+        assert not lowbit_kernel.available() and "VIA_SD_KERNEL=torch" in kernel_rule()
+        assert Int4Linear.from_float(torch.randn(32, 64)).layout == "torch"
+        pair = load_pair("random", weights="int4")
+        assert {m.layout for m in pair.verifier.modules() if isinstance(m, Int4Linear)} == {"torch"}
+        ar = generate(pair, "abc", "ar", DecodeConfig(max_new_tokens=12))
+        sd = generate(pair, "abc", "sd", DecodeConfig(gamma=3, max_new_tokens=12))
+        assert sd.text == ar.text and "torch" in ar.models["kernels"]
+    finally:
+        lowbit_kernel._state.clear()
+        lowbit_kernel._state.update(saved)
+    assert lowbit_kernel.available()

@@ -1,0 +1,322 @@
+// The low-bit matmuls of the CPU verifier and drafter: y = x @ W.T for int4 (group-wise, w = q * s + m) and int8
+// (per channel) weights, with the activations quantized to int8 per row and group of 32 (as llama.cpp's Q4 x Q8
+// dot products do), multiplied in integers, then scaled in fp32.
+//
+// One arithmetic, three instruction sets. Every path computes, for each output n and row r, exactly:
+//     P_g  = the group's integer dot product sum_j q[n, 32g + j] * a[r, 32g + j]        (exact int32)
+//     int4: acc = fma(float(P_g) * sa_g, s[n, g], acc);  acc = fma(m[n, g], b_g, acc)  over g in order; y = acc
+//     int8: acc = fma(float(P_g), sa_g, acc) over g in order;  y = scale[n] * acc
+// with sa_g the activations' scale and b_g = sa_g * float(sum of the group's activation codes). So AVX-512 VNNI,
+// AVX2 and the generic loop give the same bits, and a row's result never depends on the other rows of the call,
+// the thread count or the machine. Built with -ffp-contract=off: nothing is fused unless written as fma.
+//
+// The weights of 16 outputs sit side by side, four inputs at a time (the layout VNNI's dot product of four bytes
+// wants), so one register multiplies 16 outputs by one broadcast quad of activations and a group's sums come out
+// whole: the weights are read once per call whatever the rows, and each row costs a few instructions per 512 MACs.
+//   int4 codes  uint8 [N/16, G, 256]: byte (64 jp + 4 o + i): low nibble q[16t + o, 32g + 8jp + i],
+//                                     high nibble q[16t + o, 32g + 8jp + 4 + i]
+//   int4 sm     bf16  [N/16, G, 2, 16]: s, then m, of the tile's 16 outputs
+//   int8 codes  uint8 [N/16, G, 512]:  byte (64 j + 4 o + i) = w[16t + o, 32g + 4j + i] + 128
+//   int8 scale  fp32  [N]
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t GROUP = 32;
+enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
+
+inline float bf16(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+
+// One call's activations: int8 codes per row and group of 32, the group's scale sa, sum of its codes, and b.
+struct Activations {
+  int64_t M, K, G;
+  std::vector<int8_t> q;
+  std::vector<float> sa, b;
+  std::vector<int32_t> sum;
+  const int8_t* row(int64_t r, int64_t g) const { return q.data() + r * K + g * GROUP; }
+  int64_t at(int64_t r, int64_t g) const { return r * G + g; }
+};
+
+Activations quantize(const float* x, int64_t M, int64_t K) {
+  Activations a{M, K, K / GROUP};
+  a.q.resize(M * K);
+  a.sa.resize(M * a.G);
+  a.b.resize(M * a.G);
+  a.sum.resize(M * a.G);
+  at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t g = 0; g < a.G; ++g) {
+        const float* v = x + r * K + g * GROUP;
+        float amax = 0.f;
+        for (int j = 0; j < GROUP; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+        float id = amax > 0.f ? 127.f / amax : 0.f, sa = amax / 127.f;
+        if (!std::isfinite(amax)) id = 0.f, sa = NAN;
+        int8_t* q = a.q.data() + r * K + g * GROUP;
+        int32_t sum = 0;
+        for (int j = 0; j < GROUP; ++j) {
+          float t = std::nearbyint(v[j] * id);
+          q[j] = int8_t(t > 127.f ? 127.f : (t < -127.f ? -127.f : t));
+          sum += q[j];
+        }
+        a.sa[a.at(r, g)] = sa;
+        a.sum[a.at(r, g)] = sum;
+        a.b[a.at(r, g)] = sa * float(sum);
+      }
+  });
+  return a;
+}
+
+inline int32_t quad(const int8_t* q, int j) {  // four activation codes as one int32, for a broadcast
+  int32_t v;
+  std::memcpy(&v, q + 4 * j, 4);
+  return v;
+}
+
+// ---------------------------------------------------------------- generic (any CPU): the definition, written out
+void int4_generic(const uint8_t* codes, const uint16_t* sm, const Activations& a, int64_t t, int64_t r0, int64_t r1,
+                  float* y, int64_t N) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int o = 0; o < 16; ++o) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < a.G; ++g) {
+        const uint8_t* c = codes + (t * a.G + g) * 256;
+        const int8_t* q = a.row(r, g);
+        int32_t P = 0;
+        for (int jp = 0; jp < 4; ++jp)
+          for (int i = 0; i < 4; ++i) {
+            uint8_t byte = c[64 * jp + 4 * o + i];
+            P += int32_t(byte & 15) * q[8 * jp + i] + int32_t(byte >> 4) * q[8 * jp + 4 + i];
+          }
+        const uint16_t* s = sm + (t * a.G + g) * 32;
+        acc = std::fma(float(P) * a.sa[a.at(r, g)], bf16(s[o]), acc);
+        acc = std::fma(bf16(s[16 + o]), a.b[a.at(r, g)], acc);
+      }
+      y[r * N + 16 * t + o] = acc;
+    }
+}
+
+void int8_generic(const uint8_t* codes, const float* scale, const Activations& a, int64_t t, int64_t r0, int64_t r1,
+                  float* y, int64_t N) {
+  for (int64_t r = r0; r < r1; ++r)
+    for (int o = 0; o < 16; ++o) {
+      float acc = 0.f;
+      for (int64_t g = 0; g < a.G; ++g) {
+        const uint8_t* c = codes + (t * a.G + g) * 512;
+        const int8_t* q = a.row(r, g);
+        int32_t P = 0;
+        for (int j = 0; j < 8; ++j)
+          for (int i = 0; i < 4; ++i) P += (int32_t(c[64 * j + 4 * o + i]) - 128) * q[4 * j + i];
+        acc = std::fma(float(P), a.sa[a.at(r, g)], acc);
+      }
+      y[r * N + 16 * t + o] = scale[16 * t + o] * acc;
+    }
+}
+
+// ---------------------------------------------------------------- AVX2 + FMA: a tile as two halves of 8 outputs
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+
+AVX2_TARGET inline __m256 bf16x8(const uint16_t* p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
+}
+
+AVX2_TARGET inline __m256i dot_u8s8(__m256i w, int32_t q4) {  // w <= 15 or |w| <= 127 with q's sign: no saturation
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(q4)), _mm256_set1_epi16(1));
+}
+
+AVX2_TARGET void int4_avx2(const uint8_t* codes, const uint16_t* sm, const Activations& a, int64_t t, int64_t r0,
+                           int64_t r1, float* y, int64_t N) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int h = 0; h < 2; ++h)
+    for (int64_t r = r0; r < r1; ++r) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t g = 0; g < a.G; ++g) {
+        const uint8_t* c = codes + (t * a.G + g) * 256 + 32 * h;
+        const int8_t* q = a.row(r, g);
+        __m256i P = _mm256_setzero_si256();
+        for (int jp = 0; jp < 4; ++jp) {
+          __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * jp));
+          P = _mm256_add_epi32(P, dot_u8s8(_mm256_and_si256(x, low), quad(q, 2 * jp)));
+          P = _mm256_add_epi32(P, dot_u8s8(_mm256_and_si256(_mm256_srli_epi16(x, 4), low), quad(q, 2 * jp + 1)));
+        }
+        const uint16_t* s = sm + (t * a.G + g) * 32 + 8 * h;
+        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(P), _mm256_set1_ps(a.sa[a.at(r, g)]));
+        acc = _mm256_fmadd_ps(f, bf16x8(s), acc);
+        acc = _mm256_fmadd_ps(bf16x8(s + 16), _mm256_set1_ps(a.b[a.at(r, g)]), acc);
+      }
+      _mm256_storeu_ps(y + r * N + 16 * t + 8 * h, acc);
+    }
+}
+
+AVX2_TARGET void int8_avx2(const uint8_t* codes, const float* scale, const Activations& a, int64_t t, int64_t r0,
+                           int64_t r1, float* y, int64_t N) {
+  const __m256i bias = _mm256_set1_epi8(char(0x80));
+  for (int h = 0; h < 2; ++h)
+    for (int64_t r = r0; r < r1; ++r) {
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t g = 0; g < a.G; ++g) {
+        const uint8_t* c = codes + (t * a.G + g) * 512 + 32 * h;
+        const int8_t* q = a.row(r, g);
+        __m256i P = _mm256_setzero_si256();
+        for (int j = 0; j < 8; ++j) {
+          __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j)), bias);
+          __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(quad(q, j)), w);
+          P = _mm256_add_epi32(P, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), qs), _mm256_set1_epi16(1)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_set1_ps(a.sa[a.at(r, g)]), acc);
+      }
+      _mm256_storeu_ps(y + r * N + 16 * t + 8 * h, _mm256_mul_ps(_mm256_loadu_ps(scale + 16 * t + 8 * h), acc));
+    }
+}
+
+// ---------------------------------------------------------------- AVX-512 VNNI: a tile in one register, rows in a block
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+
+AVX512_TARGET inline __m512 bf16x16(const uint16_t* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+}
+
+template <int R>
+AVX512_TARGET void int4_avx512(const uint8_t* codes, const uint16_t* sm, const Activations& a, int64_t t, int64_t r0,
+                               float* y, int64_t N) {
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    const uint8_t* c = codes + (t * a.G + g) * 256;
+    __m512i w[8];
+    for (int jp = 0; jp < 4; ++jp) {
+      __m512i x = _mm512_loadu_si512(c + 64 * jp);
+      w[2 * jp] = _mm512_and_si512(x, low);
+      w[2 * jp + 1] = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+    }
+    const uint16_t* s = sm + (t * a.G + g) * 32;
+    __m512 scale = bf16x16(s), m = bf16x16(s + 16);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a.row(r0 + r, g);
+      __m512i P = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) P = _mm512_dpbusd_epi32(P, w[j], _mm512_set1_epi32(quad(q, j)));
+      int64_t rg = a.at(r0 + r, g);
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(P), _mm512_set1_ps(a.sa[rg])), scale, acc[r]);
+      acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.b[rg]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(y + (r0 + r) * N + 16 * t, acc[r]);
+}
+
+template <int R>
+AVX512_TARGET void int8_avx512(const uint8_t* codes, const float* scale, const Activations& a, int64_t t, int64_t r0,
+                               float* y, int64_t N) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < a.G; ++g) {
+    const uint8_t* c = codes + (t * a.G + g) * 512;
+    __m512i w[8];
+    for (int j = 0; j < 8; ++j) w[j] = _mm512_loadu_si512(c + 64 * j);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* q = a.row(r0 + r, g);
+      int64_t rg = a.at(r0 + r, g);
+      __m512i P = _mm512_set1_epi32(-128 * a.sum[rg]);  // sum (w + 128) q - 128 sum q = sum w q
+      for (int j = 0; j < 8; ++j) P = _mm512_dpbusd_epi32(P, w[j], _mm512_set1_epi32(quad(q, j)));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_set1_ps(a.sa[rg]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    _mm512_storeu_ps(y + (r0 + r) * N + 16 * t, _mm512_mul_ps(_mm512_loadu_ps(scale + 16 * t), acc[r]));
+}
+
+// ---------------------------------------------------------------- dispatch: tiles across threads, rows in blocks of 8
+#define ROWS_SWITCH(n, CALL) \
+  switch (n) { case 1: CALL(1); break; case 2: CALL(2); break; case 3: CALL(3); break; case 4: CALL(4); break; \
+               case 5: CALL(5); break; case 6: CALL(6); break; case 7: CALL(7); break; default: CALL(8); }
+
+void run_int4(int isa, const uint8_t* codes, const uint16_t* sm, const Activations& a, int64_t t, float* y, int64_t N) {
+  if (isa != AVX512_VNNI)
+    return isa == AVX2 ? int4_avx2(codes, sm, a, t, 0, a.M, y, N) : int4_generic(codes, sm, a, t, 0, a.M, y, N);
+  for (int64_t r0 = 0; r0 < a.M; r0 += 8) {
+#define K512(R) int4_avx512<R>(codes, sm, a, t, r0, y, N)
+    ROWS_SWITCH(std::min<int64_t>(8, a.M - r0), K512)
+#undef K512
+  }
+}
+
+void run_int8(int isa, const uint8_t* codes, const float* scale, const Activations& a, int64_t t, float* y, int64_t N) {
+  if (isa != AVX512_VNNI)
+    return isa == AVX2 ? int8_avx2(codes, scale, a, t, 0, a.M, y, N) : int8_generic(codes, scale, a, t, 0, a.M, y, N);
+  for (int64_t r0 = 0; r0 < a.M; r0 += 8) {
+#define K512(R) int8_avx512<R>(codes, scale, a, t, r0, y, N)
+    ROWS_SWITCH(std::min<int64_t>(8, a.M - r0), K512)
+#undef K512
+  }
+}
+
+int best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni"))
+    return AVX512_VNNI;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return AVX2;
+  return GENERIC;
+}
+
+void check(const torch::Tensor& x, int64_t K, const torch::Tensor& codes, int64_t bytes, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.size(1) == K,
+              "x must be a contiguous float32 [M, ", K, "]");
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() && codes.size(2) == bytes,
+              "codes in the wrong layout");
+  TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
+}
+
+torch::Tensor int4_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor sm, int64_t isa) {
+  const int64_t tiles = codes.size(0), G = codes.size(1), K = G * GROUP, N = 16 * tiles;
+  check(x, K, codes, 256, isa);
+  TORCH_CHECK(sm.scalar_type() == torch::kBFloat16 && sm.is_contiguous() && sm.numel() == tiles * G * 32,
+              "scales in the wrong layout");
+  Activations a = quantize(x.data_ptr<float>(), x.size(0), K);
+  auto y = torch::empty({x.size(0), N}, x.options());
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const uint16_t* s = reinterpret_cast<const uint16_t*>(sm.data_ptr<at::BFloat16>());
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run_int4(int(isa), c, s, a, t, out, N);
+  });
+  return y;
+}
+
+torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, int64_t isa) {
+  const int64_t tiles = codes.size(0), G = codes.size(1), K = G * GROUP, N = 16 * tiles;
+  check(x, K, codes, 512, isa);
+  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == N,
+              "scale must be float32 [N]");
+  Activations a = quantize(x.data_ptr<float>(), x.size(0), K);
+  auto y = torch::empty({x.size(0), N}, x.options());
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const float* s = scale.data_ptr<float>();
+  float* out = y.data_ptr<float>();
+  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) run_int8(int(isa), c, s, a, t, out, N);
+  });
+  return y;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("int4_mm", &int4_mm, "y = x @ W.T, W int4 in tiles of 16 outputs (see the header)");
+  m.def("int8_mm", &int8_mm, "y = x @ W.T, W int8 per channel in tiles of 16 outputs (see the header)");
+  m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");
+}

@@ -1,0 +1,93 @@
+"""The project's own int4 / int8 CPU matmul (lowbit_kernel.cpp), built once per machine through
+torch.utils.cpp_extension into the cache, and what runs when it cannot be built.
+
+Activations are quantized to int8 per row and group of 32 and multiplied in integers against the weights, which
+are read once per call whatever the number of rows: a pass over 8 rows costs far less than 8 one-row passes, and
+one row reads the weights at close to memory speed. The arithmetic is defined once (the .cpp's header) and the
+AVX-512 VNNI, AVX2 and generic paths follow it to the bit, so a prompt gives the same numbers on every x86 CPU,
+and each row of a call the bits it gets alone. Where the build fails (no compiler, another architecture) or
+VIA_SD_KERNEL=torch, the linears keep torch's own int4 / int8 kernels (linears.py), and the trace says so.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+import torch
+
+from .paths import cache_root
+
+SOURCE = Path(__file__).with_name("lowbit_kernel.cpp")
+ISAS = {0: "generic", 1: "AVX2", 2: "AVX-512 VNNI"}
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
+
+_lock = threading.Lock()
+_state: dict = {}
+
+
+def build_dir() -> Path:
+    """One folder per source, flags and torch version, under the cache."""
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+    return cache_root() / "kernels" / key
+
+
+def _build():
+    from torch.utils import cpp_extension
+
+    folder = build_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.lock", "w") as lock:  # processes building at once wait for the first
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+                                  build_directory=str(folder), verbose=False)
+
+
+def module():
+    """The built extension, or None (and `why_not()` says why)."""
+    with _lock:
+        if "module" not in _state:
+            _state["module"], _state["why"] = None, None
+            if os.environ.get("VIA_SD_KERNEL", "") == "torch":
+                _state["why"] = "VIA_SD_KERNEL=torch"
+            elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+                _state["why"] = f"not an x86 CPU with AVX2 ({torch.backends.cpu.get_cpu_capability()})"
+            else:
+                try:
+                    _state["module"] = _build()
+                except Exception as error:  # no compiler, no ninja, a read-only cache: torch's kernels serve
+                    _state["why"] = f"the kernel did not build: {str(error).strip().splitlines()[-1][:200]}"
+        return _state["module"]
+
+
+def available() -> bool:
+    return module() is not None
+
+
+def why_not() -> str | None:
+    module()
+    return _state["why"]
+
+
+def isa() -> int:
+    """The widest instruction set this CPU runs the kernel with (all give the same bits)."""
+    return module().best_isa()
+
+
+def describe() -> str:
+    if not available():
+        return f"torch's int4/int8 kernels ({why_not()})"
+    return f"via_sd q8-activation int4/int8 kernel, {ISAS[isa()]} (same bits on every x86 path)"
+
+
+def int4_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, path: int | None = None) -> torch.Tensor:
+    """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/2, K/32, 32], `sz` bf16 [N/2, K/32, 4])."""
+    return module().int4_mm(x, codes, sz, isa() if path is None else path)
+
+
+def int8_mm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, path: int | None = None) -> torch.Tensor:
+    """x float32 [M, K] @ W.T, W int8 per channel (`codes` uint8 [N/2, K/32, 64] holding w + 128, `scale` fp32 [N])."""
+    return module().int8_mm(x, codes, scale, isa() if path is None else path)
