@@ -51,3 +51,38 @@ def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dic
         for k, v in saved.items():
             setattr(gen_cfg, k, v)
     return new, calls
+
+
+HF_SELF = {"hf-lookup": "prompt_lookup_num_tokens", "hf-exit": "assistant_early_exit"}
+HF_LOOKUP_TOKENS = 3  # transformers' prompt lookup measured best at 3 tokens on copy prompts (0.69x of it at 10)
+
+
+@torch.inference_mode()
+def generate_hf_self(pair, prompt: str, method: str, config: DecodeConfig) -> tuple[list[int], dict]:
+    """transformers' drafters without a second model, on the verifier: prompt lookup (`prompt_lookup_num_tokens`,
+    PromptLookupCandidateGenerator, n-grams up to config.lookup_ngram) or early exit (`assistant_early_exit`,
+    EarlyExitCandidateGenerator, the verifier's first config.exit_layer layers: 0 = half). Greedy output equals
+    transformers' (and our) AR where the verifier is exact; the bench checks it (`identical_to_ar`)."""
+    from ..core.early_exit import exit_layer_of
+
+    calls = {"drafter": 0, "full": 0}
+    hook = pair.verifier.register_forward_pre_hook(lambda *_: calls.__setitem__("full", calls["full"] + 1))
+    if method == "hf-lookup":
+        extra = {"prompt_lookup_num_tokens": HF_LOOKUP_TOKENS, "max_matching_ngram_size": config.lookup_ngram}
+    else:
+        extra = {"assistant_early_exit": exit_layer_of(config, pair.verifier)}
+    try:
+        ids = torch.tensor([pair.encode(prompt, chat=config.chat)], device=pair.slim.device)
+        eos = sorted(pair.eos_ids)
+        pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0]
+        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+        if not config.greedy:
+            torch.manual_seed(config.seed)
+        out = pair.verifier.generate(ids, attention_mask=torch.ones_like(ids), do_sample=not config.greedy,
+                                     max_new_tokens=config.max_new_tokens, eos_token_id=eos or None,
+                                     pad_token_id=pad, repetition_penalty=1.0, **sampling, **extra)
+        new = out[0, ids.shape[1]:].tolist()
+        pair.tokenizer.decode(new, skip_special_tokens=True)
+    finally:
+        hook.remove()
+    return new, calls

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from .calls import PHASES
+from .drafter_methods import NAMES as DRAFTER_NAMES
 from .metrics import FIDELITY_TARGET, median_ratio
 
 NAMES = {"ar": "AR", "sd": "SD", "via": "VIA-SD", "hf": "HF assisted"}
+NAMES.update(DRAFTER_NAMES)  # sd-lookup, hf-exit, ... (drafter_methods.py)
 
 
 def _f(value, fmt="{:.2f}", none="–"):

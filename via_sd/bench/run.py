@@ -11,12 +11,14 @@ import torch
 from ..core.decoding import Clock, DecodeConfig, generate
 from .fidelity import score_output
 from .calls import trace_record
+from .drafter_methods import DRAFTER_METHODS, run_drafter_method
 from .hf import generate_hf
 from .inputs import as_prompts
 from .metrics import run_key, summarize_bench
 
 SCHEMA = "via-sd-bench/1"
 BENCH_METHODS = ("ar", "sd", "via", "hf")
+BENCH_METHODS += DRAFTER_METHODS  # sd-lookup, via-exit, hf-lookup ...: per drafter (drafter_methods.py)
 
 
 def machine_info(pair) -> dict:
@@ -70,6 +72,8 @@ def run_once(pair, prompt: str, method: str, config: DecodeConfig) -> tuple[dict
         trace = generate(pair, prompt, method, config)
         wall_ms = clock.ms() - start
         record = trace_record(trace, wall_ms)
+    elif method in DRAFTER_METHODS:
+        record, trace = run_drafter_method(pair, prompt, method, config)
     else:
         raise ValueError(f"unknown method {method!r}: use {', '.join(BENCH_METHODS)}")
     record["peak_memory_mb"], record["peak_memory_kind"] = peak_memory(device)
