@@ -9,11 +9,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("profile", help="measure (once, then cached) and print what a round costs on this machine")
     add_pair_arguments(p)
     p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile fits")
+    p.add_argument("--exit-layer", type=int, default=0, help="the early-exit drafter's layers (0: half of them)")
     p.set_defaults(run=cmd_profile)
 
 
 def cmd_profile(args) -> int:
     from ..cost.model import Rates, best_gamma, ceiling
+    from ..core.drafters import drafter_profiles
     from ..core.profile import profile_for, profile_path
 
     pair = pair_from_args(args)
@@ -26,8 +28,14 @@ def cmd_profile(args) -> int:
         print(f"{k:2d} {profile.V(k):5.2f} {profile.s(k):5.2f} {profile.resume(k) / profile.verify(k):6.2f}")
     for model, curve in profile.prompt_ms.items():
         print(f"{model} reads a prompt: " + ", ".join(f"{n} tokens {ms:.0f} ms" for n, ms in sorted(curve.items())))
+    costs = drafter_profiles(pair, profile, args.exit_layer)
+    print("each drafter's cost per token, c (of a one-token verifier pass): "
+          + ", ".join(f"{name} {p.c:.3f}" for name, p in costs.items()))
     for alpha in (0.6, 0.7, 0.8, 0.9):
         rates = Rates(kept=alpha * 1000, trials=1000)
-        g = best_gamma(profile, "sd", rates)
-        print(f"acceptance {alpha:.1f}: SD picks gamma {g}, ceiling SD/AR = {ceiling(profile, alpha, g):.2f}")
+        line = []
+        for name, p in costs.items():
+            g = best_gamma(p, "sd", rates)
+            line.append(f"{name} gamma {g}, ceiling {ceiling(p, alpha, g):.2f}")
+        print(f"acceptance {alpha:.1f}, SD/AR: " + "; ".join(line))
     return 0

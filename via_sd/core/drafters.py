@@ -36,7 +36,7 @@ from dataclasses import replace
 import torch
 
 from ..cost.model import Rates, best_gamma, expected_emitted, sd_round_ms, via_round_ms, via_round_tokens
-from .early_exit import EarlyExitNet, early_exit_verifier, exit_draft_ms, exit_layer_of
+from .early_exit import EarlyExitNet, default_exit_layer, early_exit_verifier, exit_draft_ms, exit_layer_of
 from .sampling import pick
 
 LOOKUP_NGRAM, LOOKUP_TOKENS = 3, 10
@@ -195,6 +195,14 @@ def lookup_ms(ngram: int, tokens: int) -> float:
             lookup(seq, ngram, tokens)
         _LOOKUP_MS[(ngram, tokens)] = max((time.perf_counter() - start) * 1000.0 / 5, 1e-4)
     return _LOOKUP_MS[(ngram, tokens)]
+
+
+def drafter_profiles(pair, base, exit_layer: int = 0) -> dict:
+    """{drafter: the pair's cost profile with that drafter's cost per token}: what gamma="auto" prices rounds with
+    (`python -m via_sd profile` prints their c)."""
+    layer = exit_layer or default_exit_layer(pair.verifier.config.num_hidden_layers)
+    return {"model": base, "lookup": replace(base, draft_ms=(lookup_ms(LOOKUP_NGRAM, LOOKUP_TOKENS),) * 3),
+            f"early-exit-{layer}": replace(base, draft_ms=exit_draft_ms(pair, layer))}
 
 
 def describe(config, pair) -> str:
