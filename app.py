@@ -135,7 +135,7 @@ def wire_runs(ui: SimpleNamespace) -> None:
     for trigger, endpoint in ((ui.run.click, public("run")), (ui.prompt.submit, {"api_visibility": "private"})):
         after_run(trigger(runs.take_run_ticket, [ui.theme], [ui.run_ticket, ui.theme, ui.race_view], js=THEME_JS,
                           queue=False, api_visibility="private").then(
-            runs.run_compare, [*run_inputs(ui), ui.run_ticket], run_outputs(ui),
+            runs.run_compare, [*run_inputs(ui), ui.run_ticket, ui.drafter], run_outputs(ui),
             show_progress_on=[ui.via_pane, ui.sd_pane], **endpoint, **ON_MODEL), ui)
     ui.stop.click(runs.stop_work, None, ui.status, **public("stop", concurrency_limit=None, queue=False))
     ui.with_ar.change(lambda on: gr.HTML(visible=bool(on)), [ui.with_ar], [ui.ar_pane], api_visibility="private",
@@ -160,7 +160,7 @@ def wire_threshold_lab(ui: SimpleNamespace) -> None:
     for slider in (ui.accept, ui.escalate):  # a release that re-runs supersedes this session's run at once
         after_run(slider.release(runs.request_rerun, [ui.rerun], [ui.run_ticket, ui.race_view],
                                  api_visibility="private", queue=False, trigger_mode="multiple").then(
-            runs.rerun_on_release, [ui.rerun, *run_inputs(ui), ui.run_ticket], run_outputs(ui),
+            runs.rerun_on_release, [ui.rerun, *run_inputs(ui), ui.run_ticket, ui.drafter], run_outputs(ui),
             api_visibility="private", trigger_mode="always_last", show_progress_on=[ui.via_pane, ui.sd_pane],
             **ON_MODEL), ui)
 
@@ -214,7 +214,7 @@ def wire_trace_and_learn(ui: SimpleNamespace) -> None:
 def wire_api(ui: SimpleNamespace) -> None:
     """The JSON endpoints for scripts and MCP: the same queue, concurrency group and limits as Run; the
     what-if needs no model."""
-    ui.compare_trigger.click(api.compare, run_inputs(ui)[:-1], [ui.comparison],
+    ui.compare_trigger.click(api.compare, [*run_inputs(ui)[:-1], ui.drafter], [ui.comparison],  # not the pace
                              **public("compare", show_progress="hidden", **ON_MODEL))
     ui.estimate_trigger.click(api.what_if_estimate, [ui.trace_in, ui.accept, ui.escalate, ui.signal],
                               [ui.estimate], **public("what_if_estimate", **LIGHT))

@@ -82,7 +82,7 @@ def comparison_json(traces: dict, settings: dict, status: str, message: str, fid
 
 @gpu(duration=run_duration)
 def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
-            with_ar=True, request: gr.Request = None, progress=gr.Progress()) -> dict:
+            with_ar=True, drafter="model", request: gr.Request = None, progress=gr.Progress()) -> dict:
     """Decode one prompt with VIA-SD, then plain speculative decoding (SD), then (with_ar) autoregressive decoding
     (AR) on the same models, and return the numbers as JSON: per method its summary (tokens/s, predicted tokens/s,
     speed-up against AR and SD, tier counts, rejection rates, mean accepted length, full-model calls, the full
@@ -101,18 +101,20 @@ def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_ne
         seed: the random seed (a whole number >= 0), the same for every method
         route: the slim verifier's route (which sub-layers it skips); "default" is the pair's own
         with_ar: also decode with the full model alone (AR), the baseline of the speed-ups against AR
+        drafter: who proposes the drafts: "model" (the pair's drafter), "lookup" (prompt lookup), "hybrid" (lookup
+            when it matches, else the model) or "early-exit" (the verifier's first layers)
     """
     job = SESSIONS.get(request).job("run")
     settings = {"prompt": prompt, "gamma": gamma, "accept": accept, "escalate": escalate, "signal": signal,
                 "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed, "route": route,
-                "with_ar": bool(with_ar)}
+                "with_ar": bool(with_ar), "drafter": drafter}
     traces: dict = {"ticket": job.ticket, "preset": preset}
     if job.is_set():  # Stop pressed while this call waited in the queue
         return comparison_json(traces, settings, "stopped", "Stopped before it started (Stop was pressed while the "
                                "comparison waited in the queue).", None)
     try:
         for _ in decode_comparison(job, traces, prompt, preset, gamma, accept, escalate, signal, temperature,
-                                   max_new_tokens, seed, route, with_ar, progress):
+                                   max_new_tokens, seed, route, with_ar, progress, drafter=drafter):
             pass
         message, kind = ending(job, traces)
         fidelity = None if job.is_set() else fidelity_of(traces, stop=job.is_set)

@@ -26,6 +26,9 @@ DEFAULT_C, DEFAULT_S = 0.42, 0.87  # where the sliders sit before a run; a run's
 DEVICE_WORDS = {"cpu": "CPU", "cuda": "GPU", "mps": "Apple GPU"}
 
 
+DRAFTER_STEPS = {"model": "A drafter step", "lookup": "Prompt lookup", "hybrid": "A model-drafter step",
+                 "early-exit": "An early-exit step"}
+
 def profile_choices() -> list[tuple[str, str]]:
     return [("this machine (measured)", MEASURED)] + [(f"{card} GPU roofline", card) for card in GPU_CARDS]
 
@@ -79,7 +82,9 @@ def panel_info(traces: dict) -> dict | None:
     sd, via = runs.get("sd"), runs.get("via")
     g = round_gamma(sd or via) or 1
     alpha = acceptance(sd) if sd is not None else acceptance(via)
+    kind = ((sd or via).models or {}).get("drafter_kind", "model") if (sd or via) is not None else "model"
     info = {"device": device_word(runs), "source": profile.source, "gamma": g, "alpha": alpha, "c": profile.c,
+            "drafter": kind,
             "s": profile.s(g + 1), "V": profile.V(g + 1), "measured": _measured_speedups(runs)}
     if alpha is not None:
         info["E"] = model.expected_emitted(alpha, g)
@@ -116,8 +121,13 @@ def sentences(info: dict) -> list[str]:
            f"passes on this {dev} (on a GPU it costs about 1)"
            + (f", so at this acceptance ({info['alpha']:.2f}) rounds of {plural(info['best_gamma'], 'draft')} "
               f"pay best here." if info.get("best_gamma") else ".")]
+    drafter = DRAFTER_STEPS.get(info.get("drafter"), DRAFTER_STEPS["model"])
+    if info.get("drafter") in ("lookup", "early-exit"):
+        out.append(f"{drafter} costs c = {info['c']:.3f} of a verifier pass per drafted token" + (
+            " (a search in the text, no model), so a round's cost is almost only its check" if
+            info["drafter"] == "lookup" else " (its layers are the verifier's, and so is their cache)") + ".")
     if "tiers" in info:
-        out.append(f"A drafter step costs {info['c']:.2f} of a verifier pass and a slim pass {info['s']:.2f} of a "
+        out.append(f"{drafter} costs {info['c']:.2f} of a verifier pass and a slim pass {info['s']:.2f} of a "
                    f"full one, so VIA-SD gains over SD only where it skips the full model: it called it in "
                    f"{info['full_calls']} of {plural(info['rounds'], 'round')}.")
     read = info.get("prompt")

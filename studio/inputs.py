@@ -45,13 +45,13 @@ def make_thresholds(accept, escalate, signal="slim") -> Thresholds:
         raise UserError(f"Thresholds: {err}") from err
 
 
-def make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed) -> DecodeConfig:
+def make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter="model") -> DecodeConfig:
     thresholds = make_thresholds(accept, escalate, signal)
     gamma, max_new_tokens = number("gamma", gamma, whole=True), number("max_new_tokens", max_new_tokens, whole=True)
     temperature, seed = number("temperature", temperature), number("seed", seed, whole=True, lo=0, hi=SEED_MAX)
     try:  # gamma 0 on the page: the engine picks each round's length from the cost profile (gamma="auto")
         return DecodeConfig(gamma="auto" if gamma == 0 else gamma, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, thresholds=thresholds)
+                            temperature=temperature, seed=seed, thresholds=thresholds, drafter=drafter or "model")
     except (TypeError, ValueError) as err:
         raise UserError(f"Settings: {err}") from err
 

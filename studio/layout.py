@@ -20,7 +20,9 @@ from .models import LOCK_REASON, MODELS, preset_choices, preset_locked, route_ch
 
 _PAPER = via_sd.THRESHOLD_PRESETS[DEFAULT_THRESHOLD_PRESET]
 DEFAULTS = {"gamma": 0, "accept": _PAPER.accept, "escalate": _PAPER.escalate, "signal": _PAPER.signal,
-            "temperature": 0.0, "max_new_tokens": 64, "seed": 0, "with_ar": True}
+            "temperature": 0.0, "max_new_tokens": 64, "seed": 0, "with_ar": True, "drafter": "model"}
+DRAFTER_CHOICES = [("model drafter", "model"), ("prompt lookup", "lookup"), ("hybrid", "hybrid"),
+                   ("early exit", "early-exit")]
 INTRO = """# VIA-SD Studio
 A small **drafter** proposes tokens, a **slim verifier** (the big model with some sub-layers skipped) settles the
 medium-confidence ones, and only uncertain tokens go to the **full model**. Hover a token for its numbers."""
@@ -61,6 +63,10 @@ def settings_sidebar(preset: str) -> SimpleNamespace:
                              info="tier C: confidence < escalate asks the full model", elem_id="escalate")
         signal = gr.Radio([("slim verifier r = q′(x)/max q′", "slim"), ("drafter p(x)", "draft")],
                           value=DEFAULTS["signal"], label="whose confidence sorts the tiers", elem_id="signal")
+        drafter = gr.Radio(DRAFTER_CHOICES, value=DEFAULTS["drafter"], label="drafter (who proposes the tokens)",
+                           info="prompt lookup copies what followed the same words earlier (no model); hybrid uses it "
+                           "when it matches, else the model; early exit is the verifier's first layers",
+                           elem_id="drafter")
         gamma = gr.Slider(0, 16, value=DEFAULTS["gamma"], step=1, elem_id="gamma",
                           label="gamma (drafts per round; 0 = auto, each round from this machine's costs)")
         max_new_tokens = gr.Slider(8, 512, value=DEFAULTS["max_new_tokens"], step=8, label="max new tokens",
@@ -75,7 +81,7 @@ def settings_sidebar(preset: str) -> SimpleNamespace:
         pace = gr.Slider(0, 1000, value=0, step=50, label="slow motion (ms each step stays on screen)",
                          info="0 = live speed; timings exclude the pauses", elem_id="pace")
     return SimpleNamespace(model=model, threshold_preset=threshold_preset, accept=accept, escalate=escalate,
-                           signal=signal, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
+                           signal=signal, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
                            seed=seed, route=route, with_ar=with_ar, presentation=presentation, pace=pace)
 
 

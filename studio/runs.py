@@ -88,7 +88,7 @@ def methods_of(with_ar) -> tuple[str, ...]:
 
 
 def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens,
-                      seed, route, with_ar=True, progress=None, live: dict | None = None):
+                      seed, route, with_ar=True, progress=None, live: dict | None = None, drafter="model"):
     """The one decoding path of a comparison, shared by the page's Run (`run_compare`) and the API's JSON
     endpoint (`studio.api.compare`): check the settings, wait for the pair, then VIA-SD, plain SD (and AR)
     one after another on the run's own view of the pair, each stopped between rounds by `job`.
@@ -99,7 +99,7 @@ def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate
     UserError; the engine refusing an input raises ValueError.
     """
     check_prompt(prompt)
-    config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed)
+    config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter)
     yield None, False
     shared = MODELS.wait(preset, progress)
     MODELS.ensure_warm(shared)  # a no-op once warm; on ZeroGPU the first run warms up inside its GPU call
@@ -132,7 +132,8 @@ def ending(job, traces: dict) -> tuple[str, str]:
 
 @gpu(duration=run_duration)
 def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
-                with_ar=True, pace=0, ticket=None, request: gr.Request = None, progress=gr.Progress()):
+                with_ar=True, pace=0, ticket=None, drafter="model", request: gr.Request = None,
+                progress=gr.Progress()):
     """Run VIA-SD, then plain SD (then AR), streaming each pane as its tokens are decided.
 
     Yields (via pane, sd pane, ar pane, metrics, status, run record: {method: Trace, "ticket", "preset"}).
@@ -157,7 +158,8 @@ def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, ma
         pace = max(0.0, min(float(pace or 0), MAX_PACE_MS)) / 1000  # slow motion: each step stays this long
         shown, showing = 0.0, None
         for method, done in decode_comparison(job, traces, prompt, preset, gamma, accept, escalate, signal,
-                                              temperature, max_new_tokens, seed, route, with_ar, progress, live):
+                                              temperature, max_new_tokens, seed, route, with_ar, progress, live,
+                                              drafter):
             if method is None:
                 loaded = MODELS.loaded(preset) is not None
                 yield out("starting …" if loaded else f"loading {preset} … (the run starts when the models are in)")
@@ -179,14 +181,15 @@ def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, ma
 
 
 def rerun_on_release(rerun, prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed,
-                     route, with_ar=True, pace=0, ticket=None, request: gr.Request = None, progress=gr.Progress()):
+                     route, with_ar=True, pace=0, ticket=None, drafter="model", request: gr.Request = None,
+                     progress=gr.Progress()):
     """Slider released: run for real when "re-run on release" is ticked, else change nothing. A release that
     a newer one (or a Run press) of this session superseded while it waited in the queue does not run."""
     if not rerun:
         yield (gr.skip(),) * 6
         return
     yield from run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
-                           with_ar, pace, ticket, request=request, progress=progress)
+                           with_ar, pace, ticket, drafter, request=request, progress=progress)
 
 
 def is_current(traces: dict, request=None) -> bool:

@@ -131,7 +131,7 @@ def test_every_public_endpoint_labels_what_it_returns(server):
             assert not re.fullmatch(r"(value|parameter)_\d+", part["label"]), (name, part["label"])
     assert [p["parameter_name"] for p in api["/compare"]["parameters"]] == [
         "prompt", "preset", "gamma", "accept", "escalate", "signal", "temperature", "max_new_tokens", "seed",
-        "route", "with_ar"]
+        "route", "with_ar", "drafter"]
     assert api["/compare"]["returns"][0]["label"] == "comparison (JSON)"
     assert api["/what_if_estimate"]["returns"][0]["label"] == "what-if estimate (JSON)"
 

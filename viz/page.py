@@ -19,6 +19,8 @@ SHORT = {"via": "VIA-SD", "sd": "SD", "ar": "AR"}
 METHOD_ABOUT = {"via": "drafter → slim verifier → full model (three tiers, lossy)",
                 "sd": "drafter → full model (two tiers, lossless)",
                 "ar": "full model alone, one token per step"}
+DRAFTER_WORDS = {"model": "the model drafter", "lookup": "prompt lookup", "hybrid": "hybrid (lookup, else the model)",
+                 "early-exit": "early exit (the verifier's first layers)"}
 ICONS = {"info": "ℹ", "ok": "✓", "error": "⚠", "run": "…", "stop": "■"}  # plain symbols: any font has them
 
 
@@ -55,7 +57,7 @@ def pane_html(trace: Any, method: str, running: bool = False, live: tuple | None
     `live`: (round, candidates) of the round being verified now: its drafts follow the tokens, pending
     until a tier decides them."""
     title = (f'<div class="via-pane-title"><b>{METHOD_TITLES[method]}</b> <span>{METHOD_ABOUT[method]}</span>'
-             '</div>')
+             f'{drafter_tag(trace, method)}</div>')
     s = (getattr(trace, "summary", None) or {}) if trace is not None else {}
     if live is not None and running:
         counts = (f'<div class="via-pane-counts" data-state="running …">{esc(s.get("new_tokens", 0))} tokens · '
@@ -70,6 +72,15 @@ def pane_html(trace: Any, method: str, running: bool = False, live: tuple | None
     counts = (f'<div class="via-pane-counts" data-state="{state}">{esc(s.get("new_tokens", 0))} tokens · '
               f'{fmt(s.get("tokens_per_s", 0.0), ".1f")} tokens/s · {len(trace.rounds)} rounds · {state}</div>')
     return title + counts + token_html(trace, legend=False)
+
+
+def drafter_tag(trace: Any, method: str) -> str:
+    """Which drafter a speculative lane ran (an older trace without models.drafter_kind ran the model drafter)."""
+    if trace is None or method == "ar":
+        return ""
+    kind = str((getattr(trace, "models", None) or {}).get("drafter_kind") or "model")
+    return (f' <span class="via-pane-drafter" data-drafter="{esc(kind)}">drafts: '
+            f'{esc(DRAFTER_WORDS.get(kind, kind))}</span>')
 
 
 def legend_row_html() -> str:

@@ -414,3 +414,28 @@ def test_stop_and_a_newer_run_end_exactly_this_sessions_work(browser, app_url):
     assert b.locator("#sd-tokens .via-tok").count() == 0 and a.locator("#sd-tokens .via-tok").count() == 48
     a.close()
     b.close()
+
+
+def test_each_drafter_labels_its_lanes_and_colors_its_tokens(browser, app_url):
+    """Issue 27: the drafter control; each speculative lane says which drafter it ran; the cost panel names c."""
+    page = open_page(browser, app_url)
+    page.locator("#prompt textarea").fill("Copy this: abc abc abc abc abc abc abc")
+    page.locator("#with-ar input").uncheck()  # the drafter is the speculative lanes' business
+    set_number(page, "max-new-tokens", 8)
+    for kind in ("lookup", "hybrid", "early-exit", "model"):
+        page.locator(f'#drafter input[value="{kind}"]').check()
+        page.locator("#run").click()
+        for pane in ("via-tokens", "sd-tokens"):
+            page.wait_for_selector(f'#{pane} .via-pane-drafter[data-drafter="{kind}"]')
+        page.wait_for_selector('#status [data-kind="ok"]')
+        for pane in ("via-tokens", "sd-tokens"):
+            assert page.locator(f"#{pane} .via-tok").count() > 0
+            colors = page.eval_on_selector_all(f"#{pane} .via-tok",
+                                               "els => els.map(e => getComputedStyle(e).backgroundColor)")
+            assert all(c not in ("", "rgba(0, 0, 0, 0)", "transparent") for c in colors), (kind, pane, colors[:3])
+        if kind in ("lookup", "early-exit"):  # the cost panel speaks of the drafter in use and its c
+            words = {"lookup": "Prompt lookup costs c =", "early-exit": "An early-exit step costs c ="}[kind]
+            page.wait_for_function(f"document.querySelector('#cost-model').innerText.includes('{words}')")
+        page.locator("#sd-tokens").screenshot(path=str(SHOTS / f"20-drafter-{kind}.png"))
+    assert "Traceback" not in page.content()
+    page.close()
