@@ -66,7 +66,7 @@ def test_sampled_sd_with_prompt_lookup_follows_the_verifier():
     else a token drawn from q without x. Output token j given the tokens before it follows q at every position
     (later rounds included: lookup or an AR step), chi-square over prefix groups, significance 0.001 per position."""
     pair = tiny_random_pair(seed=3, verifier_layers=3)
-    prompt, temperature, gamma, runs = "ab///c ab/", 1.5, 2, 600
+    prompt, temperature, gamma, runs = "ab///c ab/", 1.5, 2, 400
     prompt_ids = pair.tokenizer(prompt).input_ids
     samples = {j: {} for j in range(gamma + 1)}
     decisions = {"kept": 0, "replaced": 0}

@@ -59,3 +59,10 @@ def test_progressive_equals_separate_passes_with_catch_ups_over_64_rows(embedded
     for a, b in zip(progressive.tokens, separate.tokens):
         assert (a["tier"], a["q_slim"] is None, a["q_full"] is None) == (b["tier"], b["q_slim"] is None,
                                                                            b["q_full"] is None)
+
+
+def test_greedy_sd_with_prompt_lookup_equals_ar_over_300_tokens(embedded_pair, ar_sd):
+    """Prompt lookup (issue 27) on the same prompt: its drafts are kept or replaced by the verifier's own choice."""
+    lookup = generate(embedded_pair, PROMPTS[0], "sd", DecodeConfig(max_new_tokens=300, drafter="lookup"))
+    assert lookup.token_ids == ar_sd[0][0].token_ids
+    assert any(r["drafter"] == "lookup" for r in lookup.rounds)
