@@ -144,3 +144,13 @@ def test_an_old_trace_without_drafter_fields_still_loads(tiny_pair):
     for rnd in data["rounds"]:
         rnd.pop("drafter")
     assert Trace.from_json(json.dumps(data)).token_ids == data["token_ids"]
+
+
+def test_the_bench_runs_each_drafter_and_transformers_own_with_an_identity_check(tiny_pair):
+    from via_sd.bench import markdown, run_bench
+
+    methods = ["ar", "sd-lookup", "sd-hybrid", "sd-exit", "via-lookup", "hf-lookup", "hf-exit"]
+    result = run_bench(tiny_pair, [COPY], methods=methods, config=config(max_new_tokens=12), repeats=1, warmup=0)
+    assert {r["method"]: r["identical_to_ar"] for r in result["runs"]} == dict.fromkeys(methods, True)
+    table = markdown(result)
+    assert "SD + lookup" in table and "HF prompt lookup" in table and "HF early exit" in table
