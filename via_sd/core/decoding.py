@@ -94,7 +94,7 @@ class Decoder:
             return min(self.config.gamma, remaining)
         method = "sd" if self.method == "sd" or self.config.thresholds.fixed_tier == FULL else "via"
         profile, rates = self.drafting.profile(self.source), self.drafting.rates_for(self.source)
-        return min(best_gamma(profile, method, rates, self.slim_sorts), remaining)
+        return min(best_gamma(profile, method, rates, self.slim_sorts, limit=self.drafting.limit(seq)), remaining)
 
     def learn(self, rnd: Round, lag: int) -> None:
         """What this round tells the drafter's running estimates (acceptance, tier shares, the full verifier's lag)."""

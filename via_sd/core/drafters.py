@@ -18,7 +18,8 @@ The drafters (DecodeConfig(drafter=...)):
                 (up to `lookup_tokens`); no model, c ~ 0. Cost-aware: with gamma="auto" the cost model caps the
                 draft at the length that pays under the verifier's V(k) (a long wrong draft costs a wide pass),
                 and a match whose n-gram length has been accepted too rarely to pay drafts nothing (an AR step)
-    hybrid      prompt lookup when it has a match that pays, else the model drafter
+    hybrid      prompt lookup when it has a match whose round is predicted to pay more than the model drafter's
+                (each at its own acceptance in this run; with a fixed gamma: any match), else the model drafter
     early-exit  the verifier's own first `exit_layer` layers, its final norm and head (self-speculation, as
                 LayerSkip / transformers' `assistant_early_exit`); in SD its KV cache for those layers *is* the
                 verifier's (progressive.ProgressiveVerifier split at the exit), and the verification pass resumes
@@ -35,7 +36,7 @@ from dataclasses import replace
 
 import torch
 
-from ..cost.model import Rates, best_gamma, expected_emitted, sd_round_ms, via_round_ms, via_round_tokens
+from ..cost.model import MAX_GAMMA, Rates, best_gamma, expected_emitted, sd_round_ms, via_round_ms, via_round_tokens
 from .early_exit import EarlyExitNet, default_exit_layer, early_exit_verifier, exit_draft_ms, exit_layer_of
 from .sampling import pick
 
@@ -66,13 +67,12 @@ def check_signal(drafter: str, method: str, signal: str) -> None:
                          "paper's rule: the slim verifier's confidence), or drafter='model' / 'early-exit'")
 
 
-def pays(profile, method: str, rates: Rates, gamma: int, slim_sorts: bool) -> bool:
-    """Whether a round of `gamma` drafts is predicted to emit tokens faster than AR's one-token pass."""
+def round_rate(profile, method: str, rates: Rates, slim_sorts: bool, limit: int = MAX_GAMMA) -> float:
+    """Predicted tokens per ms of the best round of at most `limit` drafts (AR's rate is 1 / verify(1))."""
+    gamma = best_gamma(profile, method, rates, slim_sorts, limit=limit)
     if method == "sd":
-        rate = expected_emitted(rates.alpha, gamma) / sd_round_ms(profile, gamma)
-    else:
-        rate = via_round_tokens(gamma, rates, slim_sorts) / via_round_ms(profile, gamma, rates, slim_sorts)
-    return rate * profile.verify(1) > 1.0
+        return expected_emitted(rates.alpha, gamma) / sd_round_ms(profile, gamma)
+    return via_round_tokens(gamma, rates, slim_sorts) / via_round_ms(profile, gamma, rates, slim_sorts)
 
 
 class Drafter:
@@ -102,6 +102,10 @@ class Drafter:
 
     def rates_for(self, source: str) -> Rates:
         return self.rates.setdefault(self.key(source), Rates())
+
+    def limit(self, seq: list[int]) -> int:
+        """The most tokens it can propose now (prompt lookup: what its match holds)."""
+        return MAX_GAMMA
 
     def learn(self, source: str, kept: int, rejected: bool, tiers: list, lag) -> None:
         self.rates_for(source).add(kept, rejected, tiers, lag)
@@ -133,9 +137,10 @@ class PromptLookup(Drafter):
     def __init__(self, dec, base_profile, vocab: int, method: str, slim_sorts: bool):
         cfg = dec.config
         self.dec, self.rates, self.ngram, self.tokens, self.vocab = dec, {}, cfg.lookup_ngram, cfg.lookup_tokens, vocab
-        self.method, self.slim_sorts = "sd" if method == "sd" else "via", slim_sorts
+        self.method = "sd" if method == "sd" or cfg.thresholds.fixed_tier == "full" else "via"  # as Decoder.gamma
+        self.slim_sorts = slim_sorts
         self.profiles = {"lookup": replace(base_profile, draft_ms=(lookup_ms(self.ngram, self.tokens),) * 3)}
-        self.match, self.n, self.at = [], 0, -1
+        self.match, self.n, self.at, self.rate = [], 0, -1, 0.0
 
     def find(self, seq: list[int]) -> list[int]:
         if self.at != len(seq):  # one search a round (source and propose ask for the same sequence)
@@ -147,15 +152,19 @@ class PromptLookup(Drafter):
     def key(self, source: str) -> str:
         return f"lookup{self.n}" if source == "lookup" else source
 
+    def limit(self, seq: list[int]) -> int:
+        return len(self.find(seq))
+
     def source(self, seq: list[int]) -> str | None:
-        """"lookup" when the sequence's end occurs earlier and a draft from a match of this n-gram length pays
-        (gamma="auto": at the acceptance such matches have had in this run), else None."""
-        if not self.find(seq):
+        """"lookup" when the sequence's end occurs earlier and a draft from a match of this n-gram length, as long
+        as the match, pays (gamma="auto": at the acceptance such matches have had in this run), else None."""
+        match = self.find(seq)
+        if not match:
             return None
         if self.dec.config.auto_gamma:
-            profile, rates = self.profile("lookup"), self.rates_for("lookup")
-            gamma = best_gamma(profile, self.method, rates, self.slim_sorts)
-            if not pays(profile, self.method, rates, gamma, self.slim_sorts):
+            profile = self.profile("lookup")
+            self.rate = round_rate(profile, self.method, self.rates_for("lookup"), self.slim_sorts, len(match))
+            if self.rate * profile.verify(1) <= 1.0:
                 return None
         return "lookup"
 
@@ -164,7 +173,8 @@ class PromptLookup(Drafter):
 
 
 class Hybrid(PromptLookup):
-    """Prompt lookup when it has a match that pays, else the model drafter."""
+    """Prompt lookup when it has a match that pays (with gamma="auto": that pays more than the model drafter's round
+    at its own acceptance in this run), else the model drafter."""
 
     name = "hybrid"
 
@@ -174,8 +184,15 @@ class Hybrid(PromptLookup):
         self.profiles["model"] = model.profile("model")
 
     def source(self, seq: list[int]) -> str:
-        self.chosen = super().source(seq) or "model"
+        lookup = super().source(seq)
+        if lookup and self.dec.config.auto_gamma:
+            model = round_rate(self.profile("model"), self.method, self.rates_for("model"), self.slim_sorts)
+            lookup = lookup if self.rate >= model else None
+        self.chosen = lookup or "model"
         return self.chosen
+
+    def limit(self, seq: list[int]) -> int:
+        return super().limit(seq) if self.chosen == "lookup" else MAX_GAMMA
 
     def propose(self, seq: list[int], gamma: int):
         """Drafts from the part the last `source` call picked."""
