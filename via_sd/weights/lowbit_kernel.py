@@ -15,6 +15,8 @@ import fcntl
 import hashlib
 import os
 import threading
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 
 import torch
@@ -23,10 +25,11 @@ from .paths import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_kernel.cpp")
 ISAS = {0: "generic", 1: "AVX2", 2: "AVX-512 VNNI"}
-FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17"]
+FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]  # at::parallel_for is OpenMP
 
 _lock = threading.Lock()
 _state: dict = {}
+_off: ContextVar[bool] = ContextVar("via_sd_lowbit_off", default=False)
 
 
 def build_dir() -> Path:
@@ -43,7 +46,7 @@ def _build():
     with open(folder / "build.lock", "w") as lock:  # processes building at once wait for the first
         fcntl.flock(lock, fcntl.LOCK_EX)
         return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE)], extra_cflags=FLAGS,
-                                  build_directory=str(folder), verbose=False)
+                                  extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
 
 def module():
@@ -64,17 +67,27 @@ def module():
 
 
 def available() -> bool:
-    return module() is not None
+    return module() is not None and not _off.get()
+
+
+@contextmanager
+def off():
+    """Layers built inside take torch's kernels (for side-by-side measurements and tests)."""
+    token = _off.set(True)
+    try:
+        yield
+    finally:
+        _off.reset(token)
 
 
 def why_not() -> str | None:
     module()
-    return _state["why"]
+    return "switched off (lowbit_kernel.off)" if _state["module"] is not None and _off.get() else _state["why"]
 
 
 def isa() -> int:
     """The widest instruction set this CPU runs the kernel with (all give the same bits)."""
-    return module().best_isa()
+    return module().best_isa()  # the module, even while off(): layers built before still run it
 
 
 def describe() -> str:
