@@ -53,6 +53,8 @@ def test_the_kernel_is_close_to_fp32_and_to_torchs_kernel(n, k):
 
 
 def test_torchs_kernel_serves_where_the_project_kernel_cannot_load(monkeypatch):
+    """VIA_SD_KERNEL=torch (as where the build fails): layers take torch's layout and kernels, greedy SD still
+    equals AR, and the trace says which kernel ran."""
     from via_sd import DecodeConfig, generate, load_pair
     from via_sd.weights.linears import kernel_rule
 
@@ -66,8 +68,17 @@ def test_torchs_kernel_serves_where_the_project_kernel_cannot_load(monkeypatch):
         assert {m.layout for m in pair.verifier.modules() if isinstance(m, Int4Linear)} == {"torch"}
         ar = generate(pair, "abc", "ar", DecodeConfig(max_new_tokens=12))
         sd = generate(pair, "abc", "sd", DecodeConfig(gamma=3, max_new_tokens=12))
-        assert sd.text == ar.text and "torch" in ar.models["kernels"]
+        assert sd.text == ar.text and ar.models["kernels"].startswith("torch's int4/int8 kernels (VIA_SD_KERNEL")
     finally:
         lowbit_kernel._state.clear()
         lowbit_kernel._state.update(saved)
     assert lowbit_kernel.available()
+
+
+def test_layers_built_with_the_kernel_off_are_named_by_what_they_run():
+    from via_sd.weights.linears import kernel_rule
+
+    with lowbit_kernel.off():
+        layer = Int4Linear.from_float(torch.randn(32, 64))
+    assert layer.layout == "torch" and kernel_rule(layer).startswith("torch's int4/int8 kernels")
+    assert kernel_rule(Int4Linear.from_float(torch.randn(32, 64))).startswith("via_sd q8-activation")

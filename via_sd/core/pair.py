@@ -101,7 +101,7 @@ class ModelPair:
         from ..weights.linears import kernel_rule
 
         if self.weights == "int4":
-            return kernel_rule()
+            return kernel_rule(self.verifier)
         where = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" \
             else torch.backends.cpu.get_cpu_capability()
         return f"torch {str(self.dtype).replace('torch.', '')} matmuls (torch {torch.__version__}, {where})"

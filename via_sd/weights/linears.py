@@ -30,11 +30,15 @@ def use_tiles() -> bool:
     return lowbit_kernel.available()
 
 
-def kernel_rule() -> str:
-    """The kernel in use and what its numbers depend on (torch's kernels: torch's version and the CPU capability)."""
-    if use_tiles():
-        return lowbit_kernel.describe()
-    return f"{lowbit_kernel.describe()} (torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"
+def kernel_rule(model: nn.Module | None = None) -> str:
+    """The kernel in use (by `model`'s low-bit layers, else by layers built now) and what its numbers depend on
+    (torch's kernels: torch's version and the CPU capability)."""
+    layouts = {m.layout for m in model.modules() if hasattr(m, "layout")} if model is not None else set()
+    if "tiles" in layouts or (not layouts and use_tiles()):
+        return f"via_sd q8-activation int4/int8 kernel, {lowbit_kernel.ISAS[lowbit_kernel.isa()]} " \
+               "(same bits on every x86 path)"
+    why = lowbit_kernel.why_not() or "layers built with lowbit_kernel.off()"
+    return f"torch's int4/int8 kernels ({why}; torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"
 
 
 def int4_available() -> bool:

@@ -90,12 +90,6 @@ def isa() -> int:
     return module().best_isa()  # the module, even while off(): layers built before still run it
 
 
-def describe() -> str:
-    if not available():
-        return f"torch's int4/int8 kernels ({why_not()})"
-    return f"via_sd q8-activation int4/int8 kernel, {ISAS[isa()]} (same bits on every x86 path)"
-
-
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/2, K/32, 32], `sz` bf16 [N/2, K/32, 4])."""
     return module().int4_mm(x, codes, sz, isa() if path is None else path)
