@@ -40,16 +40,19 @@ ON_MODEL = dict(concurrency_id="gpu", concurrency_limit=1)  # one piece of model
 
 
 def example_prompts() -> tuple[list[list[str]], list[str]]:
-    """Two prompts per task from assets/prompts/mixed.jsonl, labelled by task."""
+    """Two prompts per task from assets/prompts/mixed.jsonl, labelled by task, and two whose answer copies from the
+    input (assets/prompts/copy.jsonl: where the prompt-lookup drafter shines)."""
     examples, labels = [], []
-    path = ASSETS / "prompts" / "mixed.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines() if path.exists() else []:
-        if line.strip():
+    for name, limit in (("mixed.jsonl", None), ("copy.jsonl", 2)):
+        path = ASSETS / "prompts" / name
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()] if path.exists() else []
+        for line in lines[:limit]:
             item = json.loads(line)
             examples.append([item["prompt"]])
             short = item["prompt"].split("\n")[0]
             short = short.removeprefix("Solve step by step: ").removeprefix("Translate the following text ")
-            labels.append(f"{item['task']}: {short[:24]}{'…' if len(short) > 24 else ''}")
+            task = item["task"] if name == "mixed.jsonl" else f"copy ({item['task']})"
+            labels.append(f"{task}: {short[:24]}{'…' if len(short) > 24 else ''}")
     return examples, labels
 
 

@@ -100,7 +100,7 @@ def prompt_area(preset: str, examples: list[list[str]], labels: list[str]) -> Si
                                 placeholder="Ask something, or open the examples below")
             with gr.Accordion("Examples by task", open=False, elem_id="examples-fold"):
                 gr.Examples(examples, inputs=[prompt], example_labels=labels, label="Examples by task",
-                            cache_examples=False, examples_per_page=10, elem_id="examples")
+                            cache_examples=False, examples_per_page=12, elem_id="examples")
         with gr.Column(scale=2, min_width=300):
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run")
