@@ -82,3 +82,17 @@ def test_layers_built_with_the_kernel_off_are_named_by_what_they_run():
         layer = Int4Linear.from_float(torch.randn(32, 64))
     assert layer.layout == "torch" and kernel_rule(layer).startswith("torch's int4/int8 kernels")
     assert kernel_rule(Int4Linear.from_float(torch.randn(32, 64))).startswith("via_sd q8-activation")
+
+
+def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_curves(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "kernel_breakdown.py"
+    spec = importlib.util.spec_from_file_location("kernel_breakdown", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(["--preset", "random", "--steps", "2", "--context", "16", "--rows", "1,3"]) == 0
+    out = capsys.readouterr().out
+    assert "| memory read" in out and "GOP/s" in out and "| attention (rope, cache, SDPA) |" in out
+    assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out

@@ -1,0 +1,168 @@
+"""Where a verifier step's time goes, next to this CPU's limits.
+
+Prints, for the pair's verifier in int4 weights:
+  1. the machine's roofline: memory read bandwidth (2 threads), the low-bit kernel's integer peak on a
+     cache-resident layer, torch's fp32 matmul peak;
+  2. one-token decoding steps after a prompt, by part: each low-bit linear shape (calls, ms a call, the bytes it
+     reads and the rate it reads them at), attention, the head's exact re-scoring, and everything else;
+  3. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
+     kernel and torch's (a second copy built with lowbit_kernel.off()), measured in alternation.
+
+    .venv/bin/python scripts/kernel_breakdown.py                 # the embedded pair (a few minutes)
+    .venv/bin/python scripts/kernel_breakdown.py --preset random --steps 3 --context 16 --rows 1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from via_sd import load_pair  # noqa: E402
+from via_sd.weights import lowbit_kernel  # noqa: E402
+from via_sd.weights.heads import RescoredHead  # noqa: E402
+from via_sd.weights.linears import Int4Linear, Int8Linear, kernel_rule  # noqa: E402
+
+
+def best_of(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def roofline() -> list[str]:
+    big = torch.ones(64 << 20)  # 256 MiB: far larger than any cache
+    bandwidth = big.numel() * 4 / best_of(big.sum) / 1e9
+    a = torch.randn(1024, 1024)
+    fp32 = 2 * 1024 ** 3 / best_of(lambda: a @ a) / 1e9
+    lines = [f"| memory read, {torch.get_num_threads()} threads (sum of 256 MiB) | {bandwidth:.1f} GB/s |",
+             f"| fp32 matmul 1024^3 (torch) | {fp32:.0f} GFLOP/s |"]
+    if lowbit_kernel.available():
+        layer, x = Int4Linear.from_float(torch.randn(1536, 1536) * 0.05), torch.randn(64, 1536)
+        ops = 2 * 64 * 1536 * 1536 / best_of(lambda: layer(x)) / 1e9
+        lines.append(f"| int4 x int8 kernel, 64 rows on a cache-resident 1536x1536 | {ops:.0f} GOP/s |")
+    return ["| limit | measured |", "|---|---|", *lines]
+
+
+class PartTimer:
+    """Exclusive time per part of a forward: low-bit linears by shape, attention, head re-scoring, the rest."""
+
+    def __init__(self, model):
+        self.totals, self.calls, self.stack, self.bytes = defaultdict(float), defaultdict(int), [], {}
+        for module in model.modules():
+            part = self.part_of(module)
+            if part:
+                module.register_forward_pre_hook(lambda m, args, part=part: self.enter(part))
+                module.register_forward_hook(lambda m, args, out: self.leave())
+        model.register_forward_pre_hook(lambda m, args: self.enter("everything else (norms, MLP act, Python)"))
+        model.register_forward_hook(lambda m, args, out: self.leave())
+
+    def part_of(self, module) -> str | None:
+        if isinstance(module, (Int4Linear, Int8Linear)):
+            kind = "int4" if isinstance(module, Int4Linear) else "int8"
+            name = f"{kind} {module.out_features}x{module.in_features}"
+            self.bytes[name] = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+            return name
+        if isinstance(module, RescoredHead):
+            return "head: exact re-scoring of the best 16"
+        if type(module).__name__.endswith("Attention"):
+            return "attention (rope, cache, SDPA)"
+        return None
+
+    def enter(self, part):
+        self.stack.append([part, time.perf_counter(), 0.0])
+
+    def leave(self):
+        part, start, children = self.stack.pop()
+        took = time.perf_counter() - start
+        self.totals[part] += took - children
+        self.calls[part] += 1
+        if self.stack:
+            self.stack[-1][2] += took
+
+    def reset(self):
+        self.totals.clear(), self.calls.clear()
+
+
+def step_breakdown(pair, steps: int) -> list[str]:
+    model = pair.verifier
+    ids = torch.tensor([pair.encode("Write a function that merges two sorted lists, and explain it.")])
+    timer = PartTimer(model)
+    with torch.inference_mode():
+        out = model(ids, use_cache=True)
+        token, cache = out.logits[:, -1:].argmax(-1), out.past_key_values
+        timer.reset()
+        start = time.perf_counter()
+        for _ in range(steps):
+            out = model(token, past_key_values=cache, use_cache=True)
+            token = out.logits[:, -1:].argmax(-1)
+        total = (time.perf_counter() - start) / steps
+    rows = ["| part | calls a step | ms a step | share | ms a call | MB a call | GB/s |", "|---|---|---|---|---|---|---|"]
+    for part, seconds in sorted(timer.totals.items(), key=lambda kv: -kv[1]):
+        per_step, calls = seconds / steps * 1e3, timer.calls[part] / steps
+        size = timer.bytes.get(part)
+        rate = f"{size / (seconds / timer.calls[part]) / 1e9:.1f}" if size else ""
+        rows.append(f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | "
+                    f"{per_step / calls:.3f} | {size / 1e6:.2f} |  {rate} |" if size else
+                    f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | | | |")
+    kernel_bytes = sum(timer.bytes[p] * timer.calls[p] / steps for p in timer.bytes if p in timer.calls)
+    rows.append(f"| **one step** | | **{total * 1e3:.1f}** | 100% | | {kernel_bytes / 1e6:.0f} (weights) | "
+                f"{kernel_bytes / total / 1e9:.1f} |")
+    return rows
+
+
+def verify_curves(pairs: list, context: int, rows: list[int]) -> list[dict[int, float]]:
+    """verify(k) of each pair's verifier, the pairs measured in alternation (paired: drift hits all alike)."""
+    text = "Speculative decoding drafts tokens cheaply and verifies them in one pass of the large model. " * 64
+    ids = torch.tensor([pairs[0].encode(text, chat=False)[:context + max(rows)]])
+    curves = [defaultdict(list) for _ in pairs]
+    with torch.inference_mode():
+        caches = [p.verifier(ids[:, :context], use_cache=True).past_key_values for p in pairs]
+        for _ in range(5):
+            for k in rows:
+                for pair, cache, curve in zip(pairs, caches, curves):
+                    def one_pass():
+                        pair.verifier(ids[:, context:context + k], past_key_values=cache, use_cache=True)
+                        cache.crop(-k)
+                    curve[k].append(best_of(one_pass, 1))
+    return [{k: statistics.median(v) for k, v in curve.items()} for curve in curves]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="embedded")
+    ap.add_argument("--steps", type=int, default=20, help="one-token steps timed")
+    ap.add_argument("--context", type=int, default=200, help="tokens cached before a verification pass")
+    ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16", help="pass sizes k for V(k)")
+    args = ap.parse_args(argv)
+    rows = [int(r) for r in args.rows.split(",")]
+    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
+          f"torch {torch.__version__}\n")
+    print("\n".join(roofline()) + "\n")
+    pair = load_pair(args.preset, weights="int4")
+    print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
+    print("\n".join(step_breakdown(pair, args.steps)) + "\n")
+    with lowbit_kernel.off():
+        torchs = load_pair(args.preset, weights="int4")
+    ours, theirs = verify_curves([pair, torchs], args.context, rows)
+    print("| k | verify(k), ours | V(k), ours | verify(k), torch's kernel | V(k), torch's |")
+    print("|---|---|---|---|---|")
+    for k in rows:
+        print(f"| {k} | {ours[k] * 1e3:.1f} ms | {ours[k] / ours[rows[0]]:.2f} | {theirs[k] * 1e3:.1f} ms | "
+              f"{theirs[k] / theirs[rows[0]]:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
