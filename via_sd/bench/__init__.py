@@ -16,7 +16,9 @@ emitted tokens / verification rounds, bonus included). `hf` is
 
 Where things are: inputs (prompt files, grids), run (timed runs, the interleaved benchmark), hf (the
 transformers baseline), calls (forward calls rebuilt from a trace), metrics (aggregation, targets),
-sweep, project (GPU projection), report (markdown tables). The command line is via_sd/cli/bench.py.
+sweep, project (GPU projection), report (markdown tables), llama_peer and gguf_files (llama.cpp as an optional
+peer: `--methods ar,llama-ar,llama-sd,llama-lookup` once `pip install -r requirements-peers.txt` built it; without
+it those methods are skipped with one line). The command line is via_sd/cli/bench.py.
 
 Python API (the app uses it for small sweeps):
     result = run_bench(pair, prompts, methods=("ar", "sd", "via"), config=DecodeConfig(...), repeats=3)
@@ -30,10 +32,12 @@ from .inputs import DEFAULT_PROMPTS, as_prompts, load_prompts, parse_grid, parse
 from .metrics import FIDELITY_TARGET, analysis, metrics, paired_ratios, summarize_bench, targets
 from .project import project
 from .report import NAMES, markdown, markdown_sweep
-from .run import BENCH_METHODS, SCHEMA, machine_info, peak_memory, run_bench, run_once, score_runs
+from .llama_peer import LLAMA_METHODS, NOT_INSTALLED
+from .run import BENCH_METHODS, OUR_METHODS, SCHEMA, machine_info, peak_memory, run_bench, run_once, score_runs
 from .sweep import pareto, run_sweep
 
-__all__ = ["BENCH_METHODS", "DEFAULT_PROMPTS", "FIDELITY_TARGET", "MODELS", "NAMES", "PHASES", "SCHEMA", "analysis",
+__all__ = ["BENCH_METHODS", "DEFAULT_PROMPTS", "FIDELITY_TARGET", "LLAMA_METHODS", "MODELS", "NAMES", "NOT_INSTALLED",
+           "OUR_METHODS", "PHASES", "SCHEMA", "analysis",
            "as_prompts", "call_lengths", "forward_calls", "generate_hf", "load_prompts", "machine_info", "markdown",
            "markdown_sweep", "metrics", "paired_ratios", "pareto", "parse_grid", "parse_values", "peak_memory",
            "project", "run_bench", "run_once", "run_sweep", "score_runs", "summarize_bench",

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from .calls import PHASES
 from .drafter_methods import NAMES as DRAFTER_NAMES
-from .metrics import FIDELITY_TARGET, median_ratio
+from .metrics import FIDELITY_TARGET, median_ratio, run_key
 
-NAMES = {"ar": "AR", "sd": "SD", "via": "VIA-SD", "hf": "HF assisted"}
+NAMES = {"ar": "AR", "sd": "SD", "via": "VIA-SD", "hf": "HF assisted", "llama-ar": "llama.cpp AR",
+         "llama-sd": "llama.cpp SD", "llama-lookup": "llama.cpp lookup"}
 NAMES.update(DRAFTER_NAMES)  # sd-lookup, hf-exit, ... (drafter_methods.py)
 
 
@@ -54,7 +55,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {NAMES.get(m, m)} | {_f(v['tokens_per_s'], '{:.1f}')} | "
                          f"{_f(v['speedup_vs_ar'], '{:.2f}×')} | {_f(v['speedup_vs_sd'], '{:.2f}×')} |")
         lines += [f"- {n}" for n in p["notes"]] + [""]
-    lines += [*_targets_md(result), ""]
+    lines += [*_peers_md(result), *_targets_md(result), ""]
     lines += [f"**{result['models']['drafter']} → {result['models']['verifier']}**, route "
               f"`{result['models']['route']}` ({len(result['models']['skipped'])} sub-layers skipped), "
               f"{result['machine']['device']} {result['models'].get('weights') or result['machine']['dtype']} weights, "
@@ -81,6 +82,28 @@ def markdown(result: dict) -> str:
                      f"{_f(a['agreement'], '{:.3f}')} | {_f(a['logprob_delta_vs_ar'], '{:+.3f}')} | "
                      f"{_f(a['identical_to_ar'], '{:.0%}')} | {_f(a['peak_memory_mb'], '{:.0f}')} |")
     return "\n".join(lines)
+
+
+def _peers_md(result: dict) -> list[str]:
+    """The llama.cpp peer (llama_peer.py): its speed against our AR and its own, or why it was skipped."""
+    s, runs, skipped = result["summary"], result["runs"], result.get("skipped_methods") or {}
+    out = [f"Skipped {', '.join(skipped)}: {'; '.join(sorted(set(skipped.values())))}", ""] if skipped else []
+    peers = [m for m in result["methods"] if m.startswith("llama-")]
+    if not peers:
+        return out
+    out += ["llama.cpp peer (the same Q4_K_M verifier file, greedy, runs paired with ours; medians):", "",
+            "| method | tokens/s | × our AR | × llama.cpp AR | same output as our AR | as llama.cpp AR | "
+            "prompt ids as ours |", "|---|---|---|---|---|---|---|"]
+    own = {run_key(r): r["token_ids"] for r in runs if r["method"] == "llama-ar"}
+    share = lambda rs, ok: sum(map(ok, rs)) / len(rs) if rs else None  # noqa: E731
+    for m in peers:
+        a, mine = s[m]["all"], [r for r in runs if r["method"] == m]
+        as_own = share([r for r in mine if run_key(r) in own], lambda r: r["token_ids"] == own[run_key(r)])
+        same_prompt = share(mine, lambda r: bool(r.get("prompt_ids_match_ours")))
+        out.append(f"| {NAMES[m]} | {_f(a['tokens_per_s'])} | {_f(a['speedup_vs_ar'], '{:.2f}×')} | "
+                   f"{_f(median_ratio(runs, m, 'llama-ar'), '{:.2f}×')} | {_f(a.get('identical_to_ar'), '{:.0%}')} | "
+                   f"{_f(as_own, '{:.0%}')} | {_f(same_prompt, '{:.0%}')} |")
+    return out + [""]
 
 
 def _targets_md(result: dict) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from dataclasses import replace
 
 import torch
@@ -14,11 +15,14 @@ from .calls import trace_record
 from .drafter_methods import DRAFTER_METHODS, run_drafter_method
 from .hf import generate_hf
 from .inputs import as_prompts
+from .llama_peer import LLAMA_METHODS, peer_missing, run_llama
 from .metrics import run_key, summarize_bench
 
 SCHEMA = "via-sd-bench/1"
 BENCH_METHODS = ("ar", "sd", "via", "hf")
 BENCH_METHODS += DRAFTER_METHODS  # sd-lookup, via-exit, hf-lookup ...: per drafter (drafter_methods.py)
+OUR_METHODS = BENCH_METHODS  # the default: every method of ours
+BENCH_METHODS += LLAMA_METHODS  # llama-ar, ...: the optional llama.cpp peer (llama_peer.py), never by default
 
 
 def machine_info(pair) -> dict:
@@ -74,6 +78,8 @@ def run_once(pair, prompt: str, method: str, config: DecodeConfig) -> tuple[dict
         record = trace_record(trace, wall_ms)
     elif method in DRAFTER_METHODS:
         record, trace = run_drafter_method(pair, prompt, method, config)
+    elif method in LLAMA_METHODS:
+        record, trace = run_llama(pair, prompt, method, config), None
     else:
         raise ValueError(f"unknown method {method!r}: use {', '.join(BENCH_METHODS)}")
     record["peak_memory_mb"], record["peak_memory_kind"] = peak_memory(device)
@@ -110,7 +116,18 @@ def rotated(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
-def run_bench(pair, prompts, methods=BENCH_METHODS, config: DecodeConfig | None = None, repeats: int = 3,
+def without_missing_peers(pair, methods: list[str]) -> tuple[list[str], dict]:
+    """(methods that can run, {skipped method: why}): the llama.cpp peer's methods are dropped, with one plain
+    line on stderr, where llama-cpp-python is not installed (or the pair has no GGUF files for it)."""
+    wanted = [m for m in methods if m in LLAMA_METHODS]
+    why = peer_missing(pair) if wanted else None
+    if not why:
+        return methods, {}
+    print(f"{why} (skipping {', '.join(wanted)})", file=sys.stderr, flush=True)
+    return [m for m in methods if m not in LLAMA_METHODS], dict.fromkeys(wanted, why)
+
+
+def run_bench(pair, prompts, methods=OUR_METHODS, config: DecodeConfig | None = None, repeats: int = 3,
               warmup: int = 1, fidelity: bool = True, progress=None) -> dict:
     """Benchmarks `methods` on `prompts` (dicts {task, prompt} or strings); returns the result dict.
 
@@ -122,6 +139,9 @@ def run_bench(pair, prompts, methods=BENCH_METHODS, config: DecodeConfig | None 
     unknown = [m for m in methods if m not in BENCH_METHODS]
     if unknown or not methods:
         raise ValueError(f"unknown methods {unknown}: use some of {', '.join(BENCH_METHODS)}")
+    methods, skipped = without_missing_peers(pair, methods)
+    if not methods:
+        raise ValueError(f"nothing left to run: {'; '.join(sorted(set(skipped.values())))}")
     if repeats < 1:
         raise ValueError("repeats must be at least 1")
     report = progress or (lambda message, fraction: None)
@@ -147,7 +167,8 @@ def run_bench(pair, prompts, methods=BENCH_METHODS, config: DecodeConfig | None 
     result = {
         "schema": SCHEMA, "kind": "bench", "machine": {**machine, "load_average_at_end": list(os.getloadavg())},
         "models": pair.describe(),
-        "config": config.to_dict(), "methods": methods, "repeats": repeats, "warmup": warmup,
+        "config": config.to_dict(), "methods": methods, "skipped_methods": skipped, "repeats": repeats,
+        "warmup": warmup,
         "tokens_per_s_counts": "new tokens / wall time of the whole call (encoding and prefill included)",
         "prompts": [{"index": i, "task": p["task"], "prompt": p["prompt"]} for i, p in enumerate(prompts)],
         "runs": runs,

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..bench import DEFAULT_PROMPTS, load_prompts, markdown, markdown_sweep, parse_grid, project, run_bench, run_sweep
+from ..bench.run import without_missing_peers
 from .args import (add_decode_arguments, add_pair_arguments, config_from_args, pair_from_args, parse_route,
                    print_progress)
 
@@ -19,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON lines {task, prompt} (default: mixed)")
     p.add_argument("--tasks", help="only these tasks, comma-separated")
     p.add_argument("--limit", type=int, help="only the first N prompts")
-    p.add_argument("--methods", default="ar,sd,via,hf", help="comma-separated, from ar,sd,via,hf")
+    p.add_argument("--methods", default="ar,sd,via,hf", help="comma-separated, from ar,sd,via,hf and the optional "
+                   "llama.cpp peer llama-ar,llama-sd,llama-lookup (pip install -r requirements-peers.txt)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds of every method before timing")
     p.add_argument("--no-fidelity", action="store_true", help="skip the full-model fidelity pass")
@@ -41,6 +43,9 @@ def cmd_bench(args) -> int:
         costs = json.loads(Path(args.gpu_costs).read_text())
     if "," in getattr(args, "weights", "auto"):  # weights settings side by side (via_sd/bench/weights.py)
         return _bench_weights(args, prompts, config)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if methods and not without_missing_peers(None, methods)[0]:  # only peers, not installed: said so; load nothing
+        return 0
     pair = pair_from_args(args)
     started = time.time()
     if args.sweep or args.routes:
@@ -52,7 +57,7 @@ def cmd_bench(args) -> int:
                            routes=[parse_route(r) for r in args.routes] if args.routes else None,
                            repeats=args.repeats, warmup=args.warmup, progress=print_progress)
     else:
-        result = run_bench(pair, prompts, methods=[m.strip() for m in args.methods.split(",") if m.strip()],
+        result = run_bench(pair, prompts, methods=methods,
                            config=config, repeats=args.repeats, warmup=args.warmup, fidelity=not args.no_fidelity,
                            progress=print_progress)
         if costs:
