@@ -3,16 +3,17 @@
     fp32      float32 everywhere (the reference)
     bf16      bfloat16 everywhere
     int4      every linear as 4-bit codes, groups of 32 along the input dimension,
-              w = (q - 8) * scale + zero, run by torch's own CPU kernel `_weight_int4pack_mm_for_cpu`
-              (the layout gpt-fast uses); activations are rounded to bfloat16 on the way in,
-              everything else (norms, attention, residual) stays fp32. From a GGUF: its 4-bit tensors
+              w = (q - 8) * scale + zero, run by the project's kernel (lowbit_kernel.cpp: activations as
+              int8 per group of 32) or, where it cannot build, torch's `_weight_int4pack_mm_for_cpu` (bf16
+              activations); everything else (norms, attention, residual) stays fp32. From a GGUF: its 4-bit tensors
               keep their own codes; tensors it stores at 5-8 bits become per-channel int8 (Int8Linear)
               rather than lose bits; the output head's best 16 logits are re-scored exactly
               (RescoredHead)
     auto      CPU: int4 (the fastest setting whose teacher-forced top-1 agreement with fp32 is at
               least 0.99 on the bench prompts: BENCHMARKS.md); CUDA: bf16
 
-The pieces live beside this module: int4.py (the int4 / int8 linears and their layouts), heads.py (the
+The pieces live beside this module: linears.py (the int4 / int8 linears and their layouts), lowbit_kernel.py (the
+kernel), heads.py (the
 embedding and output heads), fused.py (q/k/v and gate/up as one int4 matmul each); their public names are re-exported here.
 """
 
