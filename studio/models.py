@@ -132,7 +132,8 @@ class Models:
             route = route or pair.route
             return page.pair_line(pair.device.type, str(pair.dtype).replace("torch.", ""), pair.weights,
                                   pair.drafter_name, pair.verifier_name, route.name, len(route.skip),
-                                  route.skip_fraction, bool(route.meta.get("provisional")))
+                                  route.skip_fraction, bool(route.meta.get("provisional")),
+                                  pair.kernels().split(" (")[0])  # which kernel runs the weights, without its terms
         if state["preset"] == preset:
             return page.loading_html(preset, state["fraction"], state["message"])
         ok, why = preset_available(preset)

@@ -154,6 +154,14 @@ def test_hub_presets_are_marked_when_the_hub_is_off(monkeypatch):
     assert "cpu" in MODELS.status("random") and "float32" in MODELS.status("random")
 
 
+def test_the_device_line_names_the_low_bit_kernel():
+    from viz import page
+    from via_sd.weights.linears import kernel_rule
+
+    line = page.pair_line("cpu", "float32", "int4", "d", "v", "r", 0, 0.0, False, kernel_rule().split(" (")[0])
+    assert "int4 weights (via_sd q8-activation int4/int8 kernel, " in line or "int4 weights (torch's int4/int8" in line
+
+
 # ---- views of the recorded traces -----------------------------------------------------------------
 
 def test_views_draw_every_plot_and_reset_the_learn_slider(last_run):

@@ -147,11 +147,12 @@ def done_message(traces: dict) -> str:
 # ---- the model line -----------------------------------------------------------------------------
 
 def pair_line(device: str, dtype: str, weights: str, drafter: str, verifier: str, route: str, skipped: int,
-              fraction: float, provisional: bool) -> str:
-    """The loaded pair, as Markdown: device, dtype, models and route."""
+              fraction: float, provisional: bool, kernel: str = "") -> str:
+    """The loaded pair, as Markdown: device, dtype, weights and the kernel that runs them, models and route."""
     skips = f"skips {skipped} sub-layers ({fraction:.0%})" if skipped else "skips nothing"
     made = " — **provisional** (a rule, not searched): *search a better route* below" if provisional else ""
-    return (f"**{esc(device)}** · {esc(dtype)} · {esc(weights)} weights · {esc(drafter)} → {esc(verifier)} · "
+    runs = f" ({esc(kernel)})" if kernel else ""
+    return (f"**{esc(device)}** · {esc(dtype)} · {esc(weights)} weights{runs} · {esc(drafter)} → {esc(verifier)} · "
             f"slim route `{esc(route)}` {skips}{made}")
 
 
