@@ -5,11 +5,12 @@ Prints, for the pair's verifier in int4 weights:
      cache-resident layer, torch's fp32 matmul peak;
   2. one-token decoding steps after a prompt, by part: each low-bit linear shape (calls, ms a call, the bytes it
      reads and the rate it reads them at), attention, the head's exact re-scoring, and everything else;
-  3. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
+  3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
+  4. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
      kernel and torch's (a second copy built with lowbit_kernel.off()), measured in alternation.
 
     .venv/bin/python scripts/kernel_breakdown.py                 # the embedded pair (a few minutes)
-    .venv/bin/python scripts/kernel_breakdown.py --preset random --steps 3 --context 16 --rows 1,2
+    .venv/bin/python scripts/kernel_breakdown.py --preset random --steps 3 --context 16 --rows 1,2 --linear 64x64
 """
 
 from __future__ import annotations
@@ -53,6 +54,28 @@ def roofline() -> list[str]:
         ops = 2 * 64 * 1536 * 1536 / best_of(lambda: layer(x)) / 1e9
         lines.append(f"| int4 x int8 kernel, 64 rows on a cache-resident 1536x1536 | {ops:.0f} GOP/s |")
     return ["| limit | measured |", "|---|---|", *lines]
+
+
+def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
+    """One n x k int4 linear at each row count, ours against torch's kernel, weights read from memory (`copies`
+    layers called in turn, more bytes than the caches hold), best of 3 sweeps."""
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(0)) * 0.05
+    kinds = {"ours": [Int4Linear.from_float(w, tiles=True) for _ in range(copies)] if lowbit_kernel.available() else [],
+             "torch's": [Int4Linear.from_float(w, tiles=False) for _ in range(copies)]}
+    size = sum(t.numel() * t.element_size() for t in (*kinds["torch's"][0].parameters(), *kinds["torch's"][0].buffers()))
+    table = [f"| rows | {' | '.join(f'{name} ms (x one row)' for name, layers in kinds.items() if layers)} |",
+             "|---|" + "---|" * sum(1 for layers in kinds.values() if layers)]
+    one = {}
+    for m in rows:
+        x, cells = torch.randn(m, k), []
+        for name, layers in kinds.items():
+            if layers:
+                ms = best_of(lambda: [layer(x) for layer in layers], 3) / copies * 1e3
+                one.setdefault(name, ms)
+                cells.append(f"{ms:.3f} ({ms / one[name]:.2f})")
+        table.append(f"| {m} | {' | '.join(cells)} |")
+    rates = ", ".join(f"{name} {size / one[name] / 1e6:.1f} GB/s" for name in one)
+    return [f"{n}x{k} int4, {size / 1e6:.1f} MB; one row reads at: {rates}", "", *table]
 
 
 class PartTimer:
@@ -145,11 +168,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=20, help="one-token steps timed")
     ap.add_argument("--context", type=int, default=200, help="tokens cached before a verification pass")
     ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16", help="pass sizes k for V(k)")
+    ap.add_argument("--linear", default="8960x1536", help="one linear NxK timed at every row count ('' to skip)")
     args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}\n")
     print("\n".join(roofline()) + "\n")
+    if args.linear:
+        print("\n".join(linear_rows(*map(int, args.linear.split("x")), rows)) + "\n")
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
     print("\n".join(step_breakdown(pair, args.steps)) + "\n")

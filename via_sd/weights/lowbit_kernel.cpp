@@ -59,7 +59,8 @@ Activations quantize(const float* x, int64_t M, int64_t K) {
   a.sa.resize(M * a.G);
   a.b.resize(M * a.G);
   a.sum.resize(M * a.G);
-  at::parallel_for(0, M, 1, [&](int64_t r0, int64_t r1) {
+  // threads only for long prompt reads: a parallel region costs more than quantizing a few rows
+  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 18) / K), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t g = 0; g < a.G; ++g) {
         const float* v = x + r * K + g * GROUP;
@@ -268,6 +269,8 @@ void run_int8(int isa, const uint8_t* codes, const float* scale, const Activatio
   }
 }
 
+int64_t grain(int64_t G) { return std::max<int64_t>(1, 2048 / G); }  // tiles a thread takes: >= ~1M weights
+
 int best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -295,7 +298,7 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor sm, in
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const uint16_t* s = reinterpret_cast<const uint16_t*>(sm.data_ptr<at::BFloat16>());
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tiles, grain(G), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) run_int4(int(isa), c, s, a, t, out, N);
   });
   return y;
@@ -311,7 +314,7 @@ torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float* s = scale.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, tiles, 4, [&](int64_t t0, int64_t t1) {
+  at::parallel_for(0, tiles, grain(G), [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) run_int8(int(isa), c, s, a, t, out, N);
   });
   return y;
