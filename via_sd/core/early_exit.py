@@ -61,7 +61,8 @@ def early_exit_verifier(verifier, layer: int, vocab: int, device) -> Progressive
 
 def exit_draft_ms(pair, layer: int, refresh: bool = False) -> tuple:
     """draft_ms (k = 1..3 rows) of the early exit after `layer` layers: cached, or measured now (seconds)."""
-    key = {**profile_key(pair), "drafter": f"early-exit-{layer}"}
+    # the profile's own verify(1) in the key: a profile measured again (another kernel) measures the exit again
+    key = {**profile_key(pair), "drafter": f"early-exit-{layer}", "verify_ms": round(pair.costs.verify(1), 3)}
     path = profile_path(key)
     with _lock:
         if not refresh and path in _MEASURED:
