@@ -20,8 +20,9 @@ def add_parser(sub) -> None:
     p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON lines {task, prompt} (default: mixed)")
     p.add_argument("--tasks", help="only these tasks, comma-separated")
     p.add_argument("--limit", type=int, help="only the first N prompts")
-    p.add_argument("--methods", default="ar,sd,via,hf", help="comma-separated, from ar,sd,via,hf and the optional "
-                   "llama.cpp peer llama-ar,llama-sd,llama-lookup (pip install -r requirements-peers.txt)")
+    p.add_argument("--methods", default="ar,sd,via,hf", help="comma-separated, from ar,sd,via,hf, per drafter "
+                   "sd-lookup,sd-hybrid,sd-exit,via-lookup,via-hybrid,via-exit and transformers' hf-lookup,hf-exit, "
+                   "and the optional llama.cpp peer llama-ar,llama-sd,llama-lookup (pip install -r requirements-peers.txt)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1, help="warm-up rounds of every method before timing")
     p.add_argument("--no-fidelity", action="store_true", help="skip the full-model fidelity pass")
