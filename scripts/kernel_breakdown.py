@@ -7,7 +7,7 @@ Prints, for the pair's verifier in int4 weights:
      reads and the rate it reads them at), attention, the head's exact re-scoring, and everything else;
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
   4. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
-     kernel and torch's (a second copy built with lowbit_kernel.off()), measured in alternation.
+     kernel, then for torch's (the pair built again with lowbit_kernel.off()).
 
     .venv/bin/python scripts/kernel_breakdown.py                 # the embedded pair (a few minutes)
     .venv/bin/python scripts/kernel_breakdown.py --preset random --steps 3 --context 16 --rows 1,2 --linear 64x64
@@ -16,6 +16,7 @@ Prints, for the pair's verifier in int4 weights:
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -146,7 +147,7 @@ def step_breakdown(pair, steps: int) -> list[str]:
 
 
 def verify_curves(pairs: list, context: int, rows: list[int]) -> list[dict[int, float]]:
-    """verify(k) of each pair's verifier, the pairs measured in alternation (paired: drift hits all alike)."""
+    """verify(k) of each pair's verifier (medians of 5 sweeps; several pairs are measured in alternation)."""
     text = "Speculative decoding drafts tokens cheaply and verifies them in one pass of the large model. " * 64
     ids = torch.tensor([pairs[0].encode(text, chat=False)[:context + max(rows)]])
     curves = [defaultdict(list) for _ in pairs]
@@ -179,9 +180,11 @@ def main(argv=None) -> int:
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
     print("\n".join(step_breakdown(pair, args.steps)) + "\n")
+    ours = verify_curves([pair], args.context, rows)[0]
+    del pair  # one pair at a time: two embedded pairs in one process slowed each pass tenfold here
+    gc.collect()
     with lowbit_kernel.off():
-        torchs = load_pair(args.preset, weights="int4")
-    ours, theirs = verify_curves([pair, torchs], args.context, rows)
+        theirs = verify_curves([load_pair(args.preset, weights="int4")], args.context, rows)[0]
     print("| k | verify(k), ours | V(k), ours | verify(k), torch's kernel | V(k), torch's |")
     print("|---|---|---|---|---|")
     for k in rows:
