@@ -33,18 +33,7 @@ def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dic
     hooks = [pair.drafter.register_forward_pre_hook(counter("drafter")),
              pair.verifier.register_forward_pre_hook(counter("full"))]
     try:
-        ids = torch.tensor([pair.encode(prompt, chat=config.chat)], device=pair.slim.device)
-        eos = sorted(pair.eos_ids)
-        pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0]
-        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
-        if not config.greedy:
-            torch.manual_seed(config.seed)
-        out = pair.verifier.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=pair.drafter,
-                                     do_sample=not config.greedy, max_new_tokens=config.max_new_tokens,
-                                     eos_token_id=eos or None, pad_token_id=pad, repetition_penalty=1.0,
-                                     **sampling)
-        new = out[0, ids.shape[1]:].tolist()
-        pair.tokenizer.decode(new, skip_special_tokens=True)  # as the engine does, so both pay for the text
+        new = _verifier_generate(pair, prompt, config, assistant_model=pair.drafter)
     finally:
         for h in hooks:
             h.remove()
@@ -72,17 +61,23 @@ def generate_hf_self(pair, prompt: str, method: str, config: DecodeConfig) -> tu
     else:
         extra = {"assistant_early_exit": exit_layer_of(config, pair.verifier)}
     try:
-        ids = torch.tensor([pair.encode(prompt, chat=config.chat)], device=pair.slim.device)
-        eos = sorted(pair.eos_ids)
-        pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0]
-        sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
-        if not config.greedy:
-            torch.manual_seed(config.seed)
-        out = pair.verifier.generate(ids, attention_mask=torch.ones_like(ids), do_sample=not config.greedy,
-                                     max_new_tokens=config.max_new_tokens, eos_token_id=eos or None,
-                                     pad_token_id=pad, repetition_penalty=1.0, **sampling, **extra)
-        new = out[0, ids.shape[1]:].tolist()
-        pair.tokenizer.decode(new, skip_special_tokens=True)
+        new = _verifier_generate(pair, prompt, config, **extra)
     finally:
         hook.remove()
     return new, calls
+
+
+def _verifier_generate(pair, prompt: str, config: DecodeConfig, **extra) -> list[int]:
+    """transformers' generate on the verifier, greedy or sampled as `config` says; the new token ids."""
+    ids = torch.tensor([pair.encode(prompt, chat=config.chat)], device=pair.slim.device)
+    eos = sorted(pair.eos_ids)
+    pad = pair.tokenizer.pad_token_id if pair.tokenizer.pad_token_id is not None else (eos or [0])[0]
+    sampling = {} if config.greedy else {"temperature": config.temperature, "top_p": config.top_p, "top_k": 0}
+    if not config.greedy:
+        torch.manual_seed(config.seed)
+    out = pair.verifier.generate(ids, attention_mask=torch.ones_like(ids), do_sample=not config.greedy,
+                                 max_new_tokens=config.max_new_tokens, eos_token_id=eos or None,
+                                 pad_token_id=pad, repetition_penalty=1.0, **sampling, **extra)
+    new = out[0, ids.shape[1]:].tolist()
+    pair.tokenizer.decode(new, skip_special_tokens=True)  # as the engine does, so both pay for the text
+    return new
