@@ -5,14 +5,12 @@ the verifier's cache without changing its output, and VIA-SD's draft signal refu
 import json
 
 import pytest
-import torch
 
 from via_sd import DecodeConfig, Thresholds, Trace, generate, tiny_random_pair
 from via_sd.core.decoding import Run
 from via_sd.core.drafters import lookup
-from via_sd.core.sampling import logits_to_probs
 
-from test_via_decoding import _chi_square
+from test_via_decoding import assert_samples_follow_the_verifier
 
 DRAFTERS = ("model", "lookup", "hybrid", "early-exit")
 COPY = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\ndef add(a, b):\n"
@@ -80,19 +78,7 @@ def test_sampled_sd_with_prompt_lookup_follows_the_verifier():
         for j in range(gamma + 1):
             samples[j].setdefault(tuple(trace.token_ids[:j]), []).append(trace.token_ids[j])
     assert decisions["kept"] > 0.1 * runs and decisions["replaced"] > 0.1 * runs, decisions
-    for j, groups in samples.items():
-        stat, dof = 0.0, 0
-        for prefix, tokens in groups.items():
-            if len(tokens) < 40:
-                continue
-            with torch.no_grad():
-                logits = pair.verifier(torch.tensor([prompt_ids + list(prefix)])).logits[0, -1, : pair.vocab_size]
-            q = logits_to_probs(logits, temperature)
-            s, d = _chi_square(torch.bincount(torch.tensor(tokens), minlength=q.numel()).float(), q)
-            stat, dof = stat + s, dof + d
-        assert dof > 0, f"no prefix at position {j} had enough runs"
-        p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
-        assert p_value > 1e-3, f"position {j}: chi-square p = {p_value:.2e}"
+    assert_samples_follow_the_verifier(pair, prompt_ids, samples, temperature)
 
 
 def test_the_early_exit_shares_the_verifiers_cache_and_leaves_its_output_unchanged(tiny_pair):

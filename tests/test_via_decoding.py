@@ -288,13 +288,34 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
 
 
+def assert_samples_follow_the_verifier(pair, prompt_ids, samples, temperature: float, top_p: float = 1.0):
+    """samples: position j -> prefix (the j tokens before) -> the tokens seen at j. At each position the prefix
+    groups of at least 40 runs must follow q(. | prompt + prefix): no token outside q's support, and the groups'
+    chi-square statistics added up pass at significance 0.001."""
+    from via_sd.core.sampling import logits_to_probs
+
+    for j, groups in samples.items():
+        stat, dof = 0.0, 0
+        for prefix, tokens in groups.items():
+            if len(tokens) < 40:
+                continue
+            with torch.no_grad():
+                logits = pair.verifier(torch.tensor([prompt_ids + list(prefix)])).logits[0, -1, : pair.vocab_size]
+            q = logits_to_probs(logits, temperature, top_p)
+            counts = torch.bincount(torch.tensor(tokens), minlength=q.numel()).float()
+            assert counts[q == 0].sum() == 0, "a token outside the verifier's (top-p) support was emitted"
+            s, d = _chi_square(counts, q)
+            stat, dof = stat + s, dof + d
+        assert dof > 0, f"no prefix at position {j} had enough runs"
+        p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
+        assert p_value > 1e-3, f"position {j}: chi-square p = {p_value:.2e}"
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.8])
 def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(top_p):
     """gamma = 2, one round per run: output token j (j = 0, 1 drafts, j = 2 the bonus) given the tokens before
     it must follow q(. | prompt + those tokens) over the runs whose first round reached position j. Runs are
     grouped by that prefix; the groups' chi-square statistics add up (significance 0.001 per position)."""
-    from via_sd.core.sampling import logits_to_probs
-
     pair = tiny_random_pair(seed=3, verifier_layers=3)
     with torch.no_grad():  # a drafter that differs enough that residual resampling happens at each position
         pair.drafter.lm_head.weight.add_(torch.randn(pair.drafter.lm_head.weight.shape,
@@ -313,21 +334,7 @@ def test_sampled_sd_follows_the_verifier_at_every_draft_position_and_the_bonus(t
                 replaced[j] += 1
                 break
     assert all(r > 0.03 * runs for r in replaced), f"residual resampling barely exercised: {replaced}"
-    for j, groups in samples.items():
-        stat, dof = 0.0, 0
-        for prefix, tokens in groups.items():
-            if len(tokens) < 40:
-                continue
-            with torch.no_grad():
-                logits = pair.verifier(torch.tensor([prompt_ids + list(prefix)])).logits[0, -1, : pair.vocab_size]
-            q = logits_to_probs(logits, temperature, top_p)
-            counts = torch.bincount(torch.tensor(tokens), minlength=q.numel()).float()
-            assert counts[q == 0].sum() == 0, "a token outside the verifier's (top-p) support was emitted"
-            s, d = _chi_square(counts, q)
-            stat, dof = stat + s, dof + d
-        assert dof > 0, f"no prefix at position {j} had enough runs"
-        p_value = float(torch.special.gammaincc(torch.tensor(dof / 2.0), torch.tensor(stat / 2.0)))
-        assert p_value > 1e-3, f"position {j}: chi-square p = {p_value:.2e}"
+    assert_samples_follow_the_verifier(pair, prompt_ids, samples, temperature, top_p)
 
 
 # ---- progressive verification -------------------------------------------------------------------
