@@ -146,21 +146,20 @@ def step_breakdown(pair, steps: int) -> list[str]:
     return rows
 
 
-def verify_curves(pairs: list, context: int, rows: list[int]) -> list[dict[int, float]]:
-    """verify(k) of each pair's verifier (medians of 5 sweeps; several pairs are measured in alternation)."""
+def verify_curve(pair, context: int, rows: list[int]) -> dict[int, float]:
+    """verify(k) of the pair's verifier after `context` tokens: medians of 5 sweeps over the row counts."""
     text = "Speculative decoding drafts tokens cheaply and verifies them in one pass of the large model. " * 64
-    ids = torch.tensor([pairs[0].encode(text, chat=False)[:context + max(rows)]])
-    curves = [defaultdict(list) for _ in pairs]
+    ids = torch.tensor([pair.encode(text, chat=False)[:context + max(rows)]])
+    times = defaultdict(list)
     with torch.inference_mode():
-        caches = [p.verifier(ids[:, :context], use_cache=True).past_key_values for p in pairs]
+        cache = pair.verifier(ids[:, :context], use_cache=True).past_key_values
         for _ in range(5):
             for k in rows:
-                for pair, cache, curve in zip(pairs, caches, curves):
-                    def one_pass():
-                        pair.verifier(ids[:, context:context + k], past_key_values=cache, use_cache=True)
-                        cache.crop(-k)
-                    curve[k].append(best_of(one_pass, 1))
-    return [{k: statistics.median(v) for k, v in curve.items()} for curve in curves]
+                def one_pass():
+                    pair.verifier(ids[:, context:context + k], past_key_values=cache, use_cache=True)
+                    cache.crop(-k)
+                times[k].append(best_of(one_pass, 1))
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main(argv=None) -> int:
@@ -180,11 +179,11 @@ def main(argv=None) -> int:
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
     print("\n".join(step_breakdown(pair, args.steps)) + "\n")
-    ours = verify_curves([pair], args.context, rows)[0]
+    ours = verify_curve(pair, args.context, rows)
     del pair  # one pair at a time: two embedded pairs in one process slowed each pass tenfold here
     gc.collect()
     with lowbit_kernel.off():
-        theirs = verify_curves([load_pair(args.preset, weights="int4")], args.context, rows)[0]
+        theirs = verify_curve(load_pair(args.preset, weights="int4"), args.context, rows)
     print("| k | verify(k), ours | V(k), ours | verify(k), torch's kernel | V(k), torch's |")
     print("|---|---|---|---|---|")
     for k in rows:

@@ -102,14 +102,13 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
 
 
-def _pack_tiles(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor):
-    """Codes [n, K] (0..15), scale and zero [n, K / 32] -> the project's kernel layout (lowbit_kernel.cpp): codes
-    uint8 [n / 16, K / 32, 256], and bf16 [n / 16, K / 32, 2, 16] holding s and m = zero - 8 s (w = q s + m)."""
+def _pack_tiles(q: torch.Tensor, scale: torch.Tensor, m: torch.Tensor):
+    """Codes [n, K] (0..15), scale and offset m [n, K / 32] (w = q s + m) -> the project's kernel layout
+    (lowbit_kernel.cpp): codes uint8 [n / 16, K / 32, 256], and bf16 [n / 16, K / 32, 2, 16] holding s, then m."""
     n, k = q.shape
     t, g = n // TILE, k // GROUP
     q6 = q.to(torch.uint8).view(t, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # tile, group, quad pair, out, i, half
     codes = (q6[..., 0] | (q6[..., 1] << 4)).reshape(t, g, 256).contiguous()
-    m = zero.float() - 8 * scale.float()
     sm = torch.stack([scale.float().view(t, TILE, g), m.view(t, TILE, g)], 1).permute(0, 3, 1, 2)
     return codes, sm.to(torch.bfloat16).contiguous()
 
@@ -151,7 +150,7 @@ class Int4Linear(nn.Module):
             if not int4_shape_ok(*q.shape):
                 raise ValueError(f"the int4 kernel cannot take a {q.shape[0]}x{q.shape[1]} weight")
             if tiles:
-                codes, sm = _pack_tiles(q, scale, zero)
+                codes, sm = _pack_tiles(q, scale, zero.float() - 8 * scale.float())
                 packed.append(codes)
                 scales.append(sm)
             else:
@@ -197,7 +196,7 @@ class Int4Linear(nn.Module):
             t = torch.unique(ids // TILE)  # only the tiles that hold a chosen row are unpacked
             q, s, m = _unpack_tiles(self.packed[t], self.scales[t])
             where = torch.searchsorted(t, ids // TILE) * TILE + ids % TILE
-            packed, sm = _pack_tiles(q[where], s[where], m[where] + 8 * s[where])
+            packed, sm = _pack_tiles(q[where], s[where], m[where])
             bias = None if self.bias is None else self.bias[ids]
             return type(self)(packed, sm, bias, self.group)
         blocks = torch.unique(ids // BLOCK_N)

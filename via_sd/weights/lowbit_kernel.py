@@ -61,6 +61,7 @@ def module():
             else:
                 try:
                     _state["module"] = _build()
+                    _state["isa"] = _state["module"].best_isa()  # asked once: every matmul runs with it
                 except Exception as error:  # no compiler, no ninja, a read-only cache: torch's kernels serve
                     _state["why"] = f"the kernel did not build: {str(error).strip().splitlines()[-1][:200]}"
         return _state["module"]
@@ -87,14 +88,24 @@ def why_not() -> str | None:
 
 def isa() -> int:
     """The widest instruction set this CPU runs the kernel with (all give the same bits)."""
-    return module().best_isa()  # the module, even while off(): layers built before still run it
+    module()  # the module, even while off(): layers built before still run it
+    return _state["isa"]
 
 
-def int4_mm(x: torch.Tensor, codes: torch.Tensor, sz: torch.Tensor, path: int | None = None) -> torch.Tensor:
-    """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/2, K/32, 32], `sz` bf16 [N/2, K/32, 4])."""
-    return module().int4_mm(x, codes, sz, isa() if path is None else path)
+def _loaded():
+    """The built module without taking the lock (a matmul's path: the module is there once a layer uses it)."""
+    return _state["module"] if "module" in _state else module()
+
+
+def int4_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, path: int | None = None) -> torch.Tensor:
+    """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/16, K/32, 256], `sm` bf16
+    [N/16, K/32, 2, 16]: scales, then offsets)."""
+    kernel = _loaded()
+    return kernel.int4_mm(x, codes, sm, _state["isa"] if path is None else path)
 
 
 def int8_mm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, path: int | None = None) -> torch.Tensor:
-    """x float32 [M, K] @ W.T, W int8 per channel (`codes` uint8 [N/2, K/32, 64] holding w + 128, `scale` fp32 [N])."""
-    return module().int8_mm(x, codes, scale, isa() if path is None else path)
+    """x float32 [M, K] @ W.T, W int8 per channel (`codes` uint8 [N/16, K/32, 512] holding w + 128, `scale` fp32
+    [N])."""
+    kernel = _loaded()
+    return kernel.int8_mm(x, codes, scale, _state["isa"] if path is None else path)
