@@ -525,6 +525,10 @@ def test_client_stop_while_queued_cancels_the_queued_run(server):
         time.sleep(0.05)
     status = queued.outputs()[-1][4]
     assert 'data-kind="stop"' in status and "before it started" in status
+    deadline = time.time() + 60  # the busy run ends at its next token; its last update may still be on the way
+    while time.time() < deadline and not first.done():
+        time.sleep(0.05)
+    assert first.done(), "Stop did not end the busy session's run"
     assert 'data-kind="stop"' in first.outputs()[-1][4]
 
     outs = waiting.predict(*RUN_ARGS, api_name="/run")  # the next run of that session runs in full
