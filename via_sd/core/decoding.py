@@ -76,7 +76,7 @@ class Decoder:
             slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, self.device))
             full = full or verifier_cache(pair, prompt_ids, config.reuse_opening)
         self.opening = min(m.seen for m in (drafter, slim, full))  # prompt tokens every cache started with
-        prompt = len(prompt_ids)
+        prompt = self.prompt_tokens = len(prompt_ids)
         self.drafter, self.slim, self.full = (Reader(m, name, prompt, self.calls) for m, name in
                                               ((drafter, "drafter"), (slim, "slim"), (full, "full")))
         self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
@@ -86,8 +86,12 @@ class Decoder:
 
     def gamma(self, remaining: int, seq: list[int]) -> int:
         """This round's draft length: fixed, or the one the cost profile predicts is fastest now for the drafter that
-        drafts it; 0 when it has nothing to propose (prompt lookup without a match: an AR step)."""
+        drafts it; 0 for an AR step: nothing to propose (prompt lookup without a match), or, in SD with gamma="auto",
+        the round that reads the prompt (read in a call of its own, cached.Reader, its drafts would cost a second
+        pass, V(g), for what the next round checks at V(g + 1) - V(g) over an AR step; VIA-SD's tiers decide theirs)."""
         self.source = None if self.method == "ar" else self.drafting.source(seq)
+        if self.method == "sd" and len(seq) == self.prompt_tokens and self.config.auto_gamma:
+            self.source = None  # (prompt lookup still observes the round)
         if self.source is None:
             return 0
         if not self.config.auto_gamma:
@@ -96,12 +100,13 @@ class Decoder:
         profile, rates = self.drafting.profile(self.source), self.drafting.rates_for(self.source)
         return min(best_gamma(profile, method, rates, self.slim_sorts, limit=self.drafting.limit(seq)), remaining)
 
-    def learn(self, rnd: Round, lag: int) -> None:
-        """What this round tells the drafter's running estimates (acceptance, tier shares, the full verifier's lag)."""
+    def learn(self, rnd: Round, lag: int, start: int, emitted: list[int]) -> None:
+        """What the round (from sequence length `start`) tells the drafter (acceptance, tier shares, lag)."""
         if self.source is not None:
             rejected = any(c.decision == "replaced" for c in rnd.candidates)
             self.drafting.learn(self.source, rnd.kept_drafts, rejected, rnd.sorted_tiers,
                                 lag if rnd.full_called else None)
+        self.drafting.observe(start, emitted)
 
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         return logits_to_probs(logits, self.config.temperature, self.config.top_p)
@@ -307,8 +312,9 @@ class Run:
         for _ in steps:
             yield from self.hand_over(Event("decided", k, trace, [asdict(c) for c in rnd.candidates]))
         emitted = until_eos(rnd.emitted[:remaining], self.pair.eos_ids)
+        start = len(self.seq)
         self.keep(rnd, emitted)
-        dec.learn(rnd, lag)
+        dec.learn(rnd, lag, start, [tok.id for tok in emitted])
         held = self.paused - paused_before
         record_round(trace, rnd, emitted, self.text, self.tally, round_start - self.start - paused_before,
                      self.clock.ms() - round_start - held)
@@ -350,11 +356,9 @@ class Run:
 
 def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
                   stop=None) -> Iterator[Event]:
-    """Decodes round by round, yielding an Event after drafting, after each tier's decisions and after
-    each recorded round. Time the consumer holds an event is not counted as decoding time.
-
-    `stop`: anything with `is_set()` (a threading.Event); checked between rounds.
-    """
+    """Decodes round by round, yielding an Event after drafting, after each tier's decisions and after each recorded
+    round (time the consumer holds an event is not decoding time). `stop`: anything with `is_set()` (a
+    threading.Event), checked between rounds."""
     config = DecodeConfig() if config is None else config
     if not isinstance(config, DecodeConfig):
         raise ValueError(f"config must be a via_sd.DecodeConfig, got {type(config).__name__}: "
@@ -378,10 +382,8 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
 
 def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
            stop=None) -> Iterator[Trace]:
-    """Decodes round by round, yielding the trace so far after each round (the last one is final).
-
-    `stop`: anything with `is_set()` (a threading.Event); checked between rounds.
-    """
+    """Decodes round by round, yielding the trace so far after each round (the last one is final); `stop` as in
+    stream_events."""
     for event in stream_events(pair, prompt, method, config, stop=stop):
         if event.kind == "round":
             yield event.trace
@@ -389,10 +391,8 @@ def stream(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConf
 
 def generate(pair: ModelPair, prompt: str, method: str = "via", config: DecodeConfig | None = None,
              on_round=None, stop=None) -> Trace:
-    """Decodes `prompt` with "ar", "sd" or "via" and returns the full Trace.
-
-    `on_round(trace)` is called after every round with the trace so far.
-    """
+    """Decodes `prompt` with "ar", "sd" or "via" and returns the full Trace; `on_round(trace)` is called after every
+    round with the trace so far."""
     trace = None
     for trace in stream(pair, prompt, method, config, stop=stop):
         if on_round is not None:

@@ -9,6 +9,9 @@
                                  exact (x is kept with probability q(x), else a token is drawn from q without x)
     drafter.learn(source, ...)   what the round's outcome tells it: its running acceptance per source, which
                                  the cost model (gamma="auto") and prompt lookup's "does a draft pay" read
+    drafter.observe(start, emitted)  every round's emitted tokens, whoever drafted: prompt lookup checks the match it
+                                 had at the round's start against them, so it learns what its drafts would have
+                                 kept in rounds it did not draft (an AR step, the hybrid's model rounds) for free
     drafter.profile(source)      the pair's cost profile with this drafter's cost per token in draft_ms
 
 The drafters (DecodeConfig(drafter=...)):
@@ -17,7 +20,10 @@ The drafters (DecodeConfig(drafter=...)):
                 and output) and occurs earlier in it, at its most recent occurrence, proposes what followed it
                 (up to `lookup_tokens`); no model, c ~ 0. Cost-aware: with gamma="auto" the cost model caps the
                 draft at the length that pays under the verifier's V(k) (a long wrong draft costs a wide pass),
-                and a match whose n-gram length has been accepted too rarely to pay drafts nothing (an AR step)
+                and a match whose n-gram length has been accepted too rarely to pay drafts nothing (an AR step).
+                Its acceptance is learned per n-gram length, shrunk toward the acceptance of all its matches
+                (which starts from a doubtful prior: 0.3, worth two drafts), from the rounds it drafted and,
+                through `observe`, from the rounds it did not; the longest draft it risks grows with drafts kept
     hybrid      prompt lookup when it has a match whose round is predicted to pay more than the model drafter's
                 (each at its own acceptance in this run; with a fixed gamma: any match), else the model drafter
     early-exit  the verifier's own first `exit_layer` layers, its final norm and head (self-speculation, as
@@ -32,11 +38,11 @@ drafter under that signal is refused (`check_signal`); the `slim` signal works w
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 
-from ..cost.model import MAX_GAMMA, Rates, best_gamma, expected_emitted, sd_round_ms, via_round_ms, via_round_tokens
+from ..cost.model import MAX_GAMMA, Rates, best_gamma, sd_round_ms, via_round_ms, via_round_tokens
 from .early_exit import EarlyExitNet, default_exit_layer, early_exit_verifier, exit_draft_ms, exit_layer_of
 from .sampling import pick
 
@@ -71,7 +77,7 @@ def round_rate(profile, method: str, rates: Rates, slim_sorts: bool, limit: int 
     """Predicted tokens per ms of the best round of at most `limit` drafts (AR's rate is 1 / verify(1))."""
     gamma = best_gamma(profile, method, rates, slim_sorts, limit=limit)
     if method == "sd":
-        return expected_emitted(rates.alpha, gamma) / sd_round_ms(profile, gamma)
+        return rates.emitted(gamma) / sd_round_ms(profile, gamma)
     return via_round_tokens(gamma, rates, slim_sorts) / via_round_ms(profile, gamma, rates, slim_sorts)
 
 
@@ -110,6 +116,10 @@ class Drafter:
     def learn(self, source: str, kept: int, rejected: bool, tiers: list, lag) -> None:
         self.rates_for(source).add(kept, rejected, tiers, lag)
 
+    def observe(self, start: int, emitted: list[int]) -> None:
+        """The tokens a round that started at sequence length `start` emitted (a model drafter learns from its own
+        rounds only)."""
+
     def propose(self, seq: list[int], gamma: int) -> tuple[list[int], torch.Tensor | None]:
         """Drafts one token a step; stops early once the drafter's p(x) falls below config.draft_stop."""
         dec = self.dec
@@ -129,6 +139,66 @@ class EarlyExit(Drafter):
     name = "early-exit"
 
 
+# Prompt lookup's priors, for all its matches together: its first draft is kept with probability 0.3, and a draft
+# after a kept one with 0.8 (a copy, once it starts, goes on), each worth two drafts; each n-gram length's own
+# counts are shrunk toward those pooled ones with the weight of two drafts. A match proves itself in a round or two
+# (drafted, or observed in a round it did not draft: the hybrid's model rounds teach it for free), and on an answer
+# that does not copy (a translation) it risks one-token drafts, not the five-token ones a hopeful prior (0.7 for
+# every draft, worth ten) paid for.
+LOOKUP_FIRST, LOOKUP_NEXT, LOOKUP_PRIOR_WEIGHT, NGRAM_WEIGHT = 0.3, 0.8, 2.0, 2.0
+# The longest draft a run's first lookup round risks; a round that keeps all its drafts doubles it (up to
+# lookup_tokens), one with a rejection sets it to what was kept plus one. An AR step teaches it which token comes
+# next, not whether a copy goes on, so a long draft is earned by drafts, as TCP's window is by acknowledgements.
+LOOKUP_WINDOW = 2
+
+
+@dataclass
+class CopyRates(Rates):
+    """Prompt lookup's acceptance in two parts: a copy is either right from its first token or wrong at once, so one
+    per-draft rate (Rates.alpha: independent drafts) would promise long drafts half of which fail at their first
+    token. `first_*`: rounds, and those whose first draft was kept; a later draft is kept with probability
+    (kept - first_kept) / (trials - first_trials)."""
+
+    first_kept: float = 0.0
+    first_trials: float = 0.0
+
+    def add(self, kept: int, rejected: bool, tiers: list[str], lag: int | None = None) -> None:
+        super().add(kept, rejected, tiers, lag)
+        self.tried(kept, rejected)
+
+    def tried(self, kept: int, rejected: bool) -> None:
+        """The acceptance counts alone (a round observed, not drafted: no tiers, no lag)."""
+        if kept or rejected:
+            self.first_kept += kept > 0
+            self.first_trials += 1
+
+    @property
+    def first(self) -> float:
+        return self.first_kept / self.first_trials if self.first_trials else 0.0
+
+    @property
+    def next(self) -> float:
+        later = self.trials - self.first_trials
+        return (self.kept - self.first_kept) / later if later > 0 else 0.0
+
+    def emitted(self, gamma: int) -> float:
+        """1 + a1 (1 + a + ... + a^(gamma - 1)): the bonus, the first draft kept with a1, each later one with a."""
+        a = min(max(self.next, 0.0), 0.999)
+        return 1.0 + self.first * (1.0 - a ** gamma) / (1.0 - a)
+
+    def pooled_with(self, prior: "CopyRates", weight: float) -> "CopyRates":
+        """These counts plus `weight` drafts' worth of `prior`'s two rates (first drafts and later ones alike)."""
+        first_trials, later = self.first_trials + weight, self.trials - self.first_trials + weight
+        first_kept = self.first_kept + weight * prior.first
+        kept = first_kept + (self.kept - self.first_kept) + weight * prior.next
+        return replace(self, kept=kept, trials=first_trials + later, first_kept=first_kept, first_trials=first_trials)
+
+
+def lookup_prior() -> CopyRates:
+    w = LOOKUP_PRIOR_WEIGHT
+    return CopyRates(kept=w * (LOOKUP_FIRST + LOOKUP_NEXT), trials=2 * w, first_kept=w * LOOKUP_FIRST, first_trials=w)
+
+
 class PromptLookup(Drafter):
     """Prompt lookup: no model; each n-gram length learns its own acceptance (a 1-gram match is weak evidence)."""
 
@@ -140,7 +210,9 @@ class PromptLookup(Drafter):
         self.method = "sd" if method == "sd" or cfg.thresholds.fixed_tier == "full" else "via"  # as Decoder.gamma
         self.slim_sorts = slim_sorts
         self.profiles = {"lookup": replace(base_profile, draft_ms=(lookup_ms(self.ngram, self.tokens),) * 3)}
-        self.match, self.n, self.at, self.rate = [], 0, -1, 0.0
+        self.pooled = lookup_prior()
+        self.match, self.n, self.at, self.rate, self.drafted = [], 0, -1, 0.0, False
+        self.window = LOOKUP_WINDOW  # the longest draft it risks now (gamma="auto"): earned as drafts are kept
 
     def find(self, seq: list[int]) -> list[int]:
         if self.at != len(seq):  # one search a round (source and propose ask for the same sequence)
@@ -152,8 +224,40 @@ class PromptLookup(Drafter):
     def key(self, source: str) -> str:
         return f"lookup{self.n}" if source == "lookup" else source
 
+    def own(self) -> CopyRates:
+        """This n-gram length's own counts (no prior)."""
+        return self.rates.setdefault(self.key("lookup"), CopyRates(kept=0.0, trials=0.0))
+
+    def rates_for(self, source: str) -> Rates:
+        """A lookup round's estimates: this n-gram length's own counts, shrunk toward all matches' acceptance."""
+        if source != "lookup":
+            return super().rates_for(source)
+        return self.own().pooled_with(self.pooled, NGRAM_WEIGHT)
+
+    def learn(self, source: str, kept: int, rejected: bool, tiers: list, lag) -> None:
+        if source != "lookup":
+            return super().learn(source, kept, rejected, tiers, lag)
+        self.own().add(kept, rejected, tiers, lag)
+        self.pooled.add(kept, rejected, tiers, lag)
+        self.drafted = True
+        self.window = kept + 1 if rejected else min(2 * self.window, self.tokens)
+
+    def observe(self, start: int, emitted: list[int]) -> None:
+        """A round it did not draft: what the match it had then would have kept (under greedy decoding exactly
+        what the verifier decides; sampled, the first token is kept with the chance a one-hot draft is)."""
+        drafted, self.drafted = self.drafted, False
+        seen = min(len(self.match), len(emitted))
+        if drafted or not seen or self.at != start:
+            return
+        kept = next((i for i in range(seen) if self.match[i] != emitted[i]), seen)
+        for rates in (self.own(), self.pooled):
+            rates.kept += kept
+            rates.trials += kept + int(kept < seen)
+            rates.tried(kept, kept < seen)
+
     def limit(self, seq: list[int]) -> int:
-        return len(self.find(seq))
+        """What its match holds; with gamma="auto", no longer than the window its kept drafts have earned."""
+        return min(len(self.find(seq)), self.window if self.dec.config.auto_gamma else MAX_GAMMA)
 
     def source(self, seq: list[int]) -> str | None:
         """"lookup" when the sequence's end occurs earlier and a draft from a match of this n-gram length, as long
@@ -163,7 +267,7 @@ class PromptLookup(Drafter):
             return None
         if self.dec.config.auto_gamma:
             profile = self.profile("lookup")
-            self.rate = round_rate(profile, self.method, self.rates_for("lookup"), self.slim_sorts, len(match))
+            self.rate = round_rate(profile, self.method, self.rates_for("lookup"), self.slim_sorts, self.limit(seq))
             if self.rate * profile.verify(1) <= 1.0:
                 return None
         return "lookup"

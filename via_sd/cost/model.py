@@ -220,9 +220,9 @@ def via_round_tokens(gamma: int, rates: "Rates", slim_signal: bool) -> float:
     """Expected tokens a VIA-SD round emits: a verifier's bonus token comes only from a round that ran one, so
     under the draft signal a round all in tier A emits its gamma drafts and nothing more."""
     if slim_signal:
-        return expected_emitted(rates.alpha, gamma)
+        return rates.emitted(gamma)
     all_a = all_tier_a(gamma, rates)
-    return all_a * gamma + (1.0 - all_a) * expected_emitted(rates.alpha, gamma)
+    return all_a * gamma + (1.0 - all_a) * rates.emitted(gamma)
 
 
 @dataclass
@@ -242,6 +242,10 @@ class Rates:
     @property
     def alpha(self) -> float:
         return self.kept / self.trials
+
+    def emitted(self, gamma: int) -> float:
+        """Tokens a round of gamma drafts is expected to emit, bonus included."""
+        return expected_emitted(self.alpha, gamma)
 
     @property
     def escalate(self) -> float:
@@ -268,7 +272,7 @@ def best_gamma(profile: CostProfile, method: str, rates: Rates, slim_signal: boo
     best, best_rate = 1, -1.0
     for g in range(1, max(limit, 1) + 1):
         if method == "sd":
-            rate = expected_emitted(rates.alpha, g) / sd_round_ms(profile, g)
+            rate = rates.emitted(g) / sd_round_ms(profile, g)
         else:
             rate = via_round_tokens(g, rates, slim_signal) / via_round_ms(profile, g, rates, slim_signal)
         if rate > best_rate * (1 + 1e-9):
