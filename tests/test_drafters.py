@@ -140,3 +140,30 @@ def test_the_bench_runs_each_drafter_and_transformers_own_with_an_identity_check
     assert {r["method"]: r["identical_to_ar"] for r in result["runs"]} == dict.fromkeys(methods, True)
     table = markdown(result)
     assert "SD + lookup" in table and "HF prompt lookup" in table and "HF early exit" in table
+
+
+def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts(tiny_pair):
+    """An AR step (or a hybrid's model round) with a match teaches lookup whether that match's first token was right;
+    a draft longer than two is earned by rounds that kept every draft, and a rejection shrinks it again."""
+    lk = Run(tiny_pair, "hello", "sd", config(drafter="lookup", max_new_tokens=8)).dec.drafting
+    seq = [5, 6, 7, 8, 9, 5, 6]  # "5 6" occurred before: the match proposes 7 8 9 5 6 7 ...
+    lk.source(seq)
+    assert lk.match[:4] == [7, 8, 9, 5] and lk.limit(seq) == 2
+    before = lk.rates_for("lookup").first
+    lk.observe(len(seq), [7])  # the round emitted what the match proposed first
+    right = lk.rates_for("lookup").first
+    lk.source(seq)
+    lk.observe(len(seq), [4])  # ... and here it would have been wrong
+    assert right > before and lk.rates_for("lookup").first < right
+    wrong = lk.rates_for("lookup").first
+    lk.observe(len(seq) + 1, [7])  # a round from another position is not this match's to learn from
+    assert lk.rates_for("lookup").first == wrong
+    lk.learn("lookup", 2, False, [], None)
+    assert lk.limit(seq) == 4
+    lk.learn("lookup", 4, False, [], None)
+    assert lk.limit(seq) == 8
+    lk.learn("lookup", 1, True, [], None)
+    assert lk.limit(seq) == 2
+    rates = lk.rates_for("lookup")  # a copy right from its first token goes on: later drafts are kept more often
+    assert rates.next > rates.first and rates.emitted(3) == pytest.approx(
+        1 + rates.first * (1 + rates.next + rates.next ** 2))
