@@ -25,7 +25,8 @@ The drafters (DecodeConfig(drafter=...)):
                 (which starts from a doubtful prior: 0.3, worth two drafts), from the rounds it drafted and,
                 through `observe`, from the rounds it did not; the longest draft it risks grows with drafts kept
     hybrid      prompt lookup when it has a match whose round is predicted to pay more than the model drafter's
-                (each at its own acceptance in this run; with a fixed gamma: any match), else the model drafter
+                (each at its own acceptance in this run; with a fixed gamma: any match), else the model drafter,
+                or an AR step where neither pays (a model drafter yet to read a long prompt)
     early-exit  the verifier's own first `exit_layer` layers, its final norm and head (self-speculation, as
                 LayerSkip / transformers' `assistant_early_exit`); in SD its KV cache for those layers *is* the
                 verifier's (progressive.ProgressiveVerifier split at the exit), and the verification pass resumes
@@ -267,7 +268,8 @@ class PromptLookup(Drafter):
             return None
         if self.dec.config.auto_gamma:
             profile = self.profile("lookup")
-            self.rate = round_rate(profile, self.method, self.rates_for("lookup"), self.slim_sorts, self.limit(seq))
+            limit = PromptLookup.limit(self, seq)  # (a hybrid's own limit is the part it picked last round's)
+            self.rate = round_rate(profile, self.method, self.rates_for("lookup"), self.slim_sorts, limit)
             if self.rate * profile.verify(1) <= 1.0:
                 return None
         return "lookup"
@@ -286,14 +288,32 @@ class Hybrid(PromptLookup):
         super().__init__(dec, base_profile, vocab, method, slim_sorts)
         self.model, self.chosen = model, "model"
         self.profiles["model"] = model.profile("model")
+        self.rounds, self.unmatched = 0, 0  # rounds asked, and those lookup had no paying match for
 
-    def source(self, seq: list[int]) -> str:
+    def source(self, seq: list[int]) -> str | None:
+        """With gamma="auto", the fastest of a lookup round, a model round and an AR step (predicted tokens per ms)."""
         lookup = super().source(seq)
-        if lookup and self.dec.config.auto_gamma:
-            model = round_rate(self.profile("model"), self.method, self.rates_for("model"), self.slim_sorts)
-            lookup = lookup if self.rate >= model else None
-        self.chosen = lookup or "model"
-        return self.chosen
+        self.rounds, self.unmatched = self.rounds + 1, self.unmatched + (lookup is None)
+        if not self.dec.config.auto_gamma:
+            self.chosen = lookup or "model"
+            return self.chosen
+        rates = {"lookup": self.rate} if lookup else {}
+        rates.update({"model": self.model_rate(seq), None: 1.0 / self.profile("model").verify(1)})
+        choice = max(rates, key=rates.get)  # ties: lookup, then the model
+        self.chosen = choice or "model"
+        return choice
+
+    def model_rate(self, seq: list[int]) -> float:
+        """A model round's tokens per ms; until the model drafter has read the prompt, that read is paid by the tokens
+        it is expected to draft in the rest of the run (the share of rounds so far that lookup left to it, from a
+        prior of one in two): on an answer that copies, a long prompt's read is not worth a few model rounds."""
+        rate = round_rate(self.profile("model"), self.method, self.rates_for("model"), self.slim_sorts)
+        unread = self.dec.prompt_tokens - self.model.reader.seen
+        if unread <= 0:
+            return rate
+        remaining = self.dec.config.max_new_tokens - (len(seq) - self.dec.prompt_tokens)
+        tokens = max(remaining * (self.unmatched + 1) / (self.rounds + 2), 1.0)
+        return 1.0 / (1.0 / rate + self.profile("model").prompt("drafter", unread) / tokens)
 
     def limit(self, seq: list[int]) -> int:
         return super().limit(seq) if self.chosen == "lookup" else MAX_GAMMA
