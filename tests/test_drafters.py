@@ -165,7 +165,9 @@ def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts
     assert lk.limit(seq) == 4
     lk.learn("lookup", 4, False, [], None)
     assert lk.limit(seq) == 8
-    lk.learn("lookup", 1, True, [], None)
+    lk.learn("lookup", 2, True, [], None)
+    assert lk.limit(seq) == 3
+    lk.learn("lookup", 0, True, [], None)
     assert lk.limit(seq) == 2
     rates = lk.rates_for("lookup")  # a copy right from its first token goes on: later drafts are kept more often
     assert rates.next > rates.first and rates.emitted(3) == pytest.approx(

@@ -148,7 +148,7 @@ class EarlyExit(Drafter):
 # every draft, worth ten) paid for.
 LOOKUP_FIRST, LOOKUP_NEXT, LOOKUP_PRIOR_WEIGHT, NGRAM_WEIGHT = 0.3, 0.8, 2.0, 2.0
 # The longest draft a run's first lookup round risks; a round that keeps all its drafts doubles it (up to
-# lookup_tokens), one with a rejection sets it to what was kept plus one. An AR step teaches it which token comes
+# lookup_tokens), one with a rejection sets it back to what was kept plus one (at least this). An AR step teaches it which token comes
 # next, not whether a copy goes on, so a long draft is earned by drafts, as TCP's window is by acknowledgements.
 LOOKUP_WINDOW = 2
 
@@ -241,7 +241,7 @@ class PromptLookup(Drafter):
         self.own().add(kept, rejected, tiers, lag)
         self.pooled.add(kept, rejected, tiers, lag)
         self.drafted = True
-        self.window = kept + 1 if rejected else min(2 * self.window, self.tokens)
+        self.window = max(LOOKUP_WINDOW, kept + 1) if rejected else min(2 * self.window, self.tokens)
 
     def observe(self, start: int, emitted: list[int]) -> None:
         """A round it did not draft: what the match it had then would have kept (under greedy decoding exactly
