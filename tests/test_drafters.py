@@ -172,3 +172,26 @@ def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts
     rates = lk.rates_for("lookup")  # a copy right from its first token goes on: later drafts are kept more often
     assert rates.next > rates.first and rates.emitted(3) == pytest.approx(
         1 + rates.first * (1 + rates.next + rates.next ** 2))
+
+
+def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_lookup(capsys):
+    """scripts/lookup_ceiling.py (BENCHMARKS.md): the oracle's passes are the least any lookup policy spends."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "lookup_ceiling.py"
+    spec = importlib.util.spec_from_file_location("lookup_ceiling", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seq = [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3, 4]  # after the prompt's end (index 4) the text copies itself
+
+    def V(k):
+        return 1.0 + 0.1 * (k - 1)
+
+    passes = script.replay(seq, 4, V, fixed=3)
+    assert passes["oracle"] <= passes["fixed-3"] < len(seq) - 5  # both beat AR's one pass a token
+    assert passes["oracle"] == pytest.approx(1.0 + V(8))  # 1 is no match yet; then the 8 remaining in one round
+    assert script.main(["--preset", "random", "--prompts", "assets/prompts/copy.jsonl", "--limit", "1",
+                        "--max-new-tokens", "6"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 6 |" in out and "median oracle / fixed-3" in out

@@ -1,0 +1,94 @@
+"""How fast any prompt-lookup policy could be, next to a fixed-length one, on the same prompts.
+
+Decodes each prompt with AR (greedy), then replays its output round by round under the pair's measured cost
+profile: at each position the lookup's match (n-grams up to 3, up to 10 tokens) is what any policy could draft,
+and AR's next tokens say how many of them the verifier keeps. Three policies, each priced in one-token verifier
+passes (V(k) for a pass over k rows; prompt lookup itself costs nothing):
+
+    oracle   the fewest passes over every choice of drafts from the lookup's matches (knowing which will be kept):
+             no policy that drafts from them spends fewer
+    fixed-N  drafts min(N, match) tokens whenever there is a match (transformers' prompt_lookup_num_tokens=N)
+    AR       one pass a token
+
+Prints, per prompt and over all of them, each policy's tokens per pass and oracle / fixed-N, without and with
+the prompt read (the same for every policy, from the profile).
+
+    .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy.jsonl --max-new-tokens 96
+    .venv/bin/python scripts/lookup_ceiling.py --preset random --prompts assets/prompts/copy.jsonl --limit 2 --max-new-tokens 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
+from via_sd.core.drafters import LOOKUP_NGRAM, LOOKUP_TOKENS, lookup  # noqa: E402
+
+
+def kept_at(seq: list[int], i: int) -> tuple[int, int]:
+    """(the lookup's match length at position i, how many of its tokens the verifier keeps)."""
+    match, _ = lookup(seq[:i], LOOKUP_NGRAM, LOOKUP_TOKENS)
+    return len(match), next((k for k, t in enumerate(match) if i + k >= len(seq) or t != seq[i + k]), len(match))
+
+
+def replay(seq: list[int], start: int, V, fixed: int) -> dict:
+    """Passes each policy spends to emit seq[start + 1:] (seq[start] comes from the prompt read). The oracle's is
+    the least over every choice of drafts (a prefix of what will be kept at each round: drafting past it costs a
+    wider pass for no token), by dynamic programming from the end."""
+    end, at = len(seq), {i: kept_at(seq, i) for i in range(start + 1, len(seq))}
+    least = {end: 0.0}
+    for i in range(end - 1, start, -1):
+        least[i] = min(V(d + 1) + least[min(i + d + 1, end)] for d in range(at[i][1] + 1))
+    passes, i = 0.0, start + 1
+    while i < end:
+        match, kept = at[i]
+        drafts = min(fixed, match)
+        passes += V(drafts + 1)
+        i += min(kept, drafts) + 1
+    return {"oracle": least[start + 1], f"fixed-{fixed}": passes}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="embedded")
+    ap.add_argument("--prompts", default="assets/prompts/copy.jsonl")
+    ap.add_argument("--limit", type=int, default=0, help="the first N prompts only")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--fixed", type=int, default=3, help="the fixed policy's draft length")
+    args = ap.parse_args(argv)
+    pair = load_pair(args.preset)
+    profile = pair.costs
+    prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    prompts = prompts[:args.limit] if args.limit else prompts
+    fixed = f"fixed-{args.fixed}"
+    print(f"{pair.describe()['verifier']}: V(2..6) = " + " / ".join(f"{profile.V(k):.2f}" for k in range(2, 7)))
+    print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | oracle tokens/pass | oracle / {fixed} | "
+          f"same, with the prompt read |")
+    print("|---|---|---|---|---|---|---|")
+    gains, gains_read = [], []
+    for n, prompt in enumerate(prompts, 1):
+        trace = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=args.max_new_tokens))
+        prompt_ids = pair.encode(prompt, chat=True)
+        seq = prompt_ids + trace.token_ids
+        passes = replay(seq, len(prompt_ids), profile.V, args.fixed)
+        emitted = len(trace.token_ids) - 1
+        read = profile.prompt("full", len(prompt_ids)) / profile.verify(1)  # yields the first token
+        gain = passes[fixed] / passes["oracle"] if passes["oracle"] else 1.0
+        gain_read = (read + passes[fixed]) / (read + passes["oracle"])
+        gains.append(gain)
+        gains_read.append(gain_read)
+        print(f"| {n} | {len(trace.token_ids)} | {emitted} | {emitted / max(passes[fixed], 1e-9):.2f} | "
+              f"{emitted / max(passes['oracle'], 1e-9):.2f} | {gain:.2f}× | {gain_read:.2f}× |")
+    print(f"\nmedian oracle / {fixed}: {statistics.median(gains):.2f}× over the decoding rounds, "
+          f"{statistics.median(gains_read):.2f}× with the prompt read")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
