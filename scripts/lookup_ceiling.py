@@ -2,16 +2,18 @@
 
 Decodes each prompt with AR (greedy), then replays its output round by round under the pair's measured cost
 profile: at each position the lookup's match (n-grams up to 3, up to 10 tokens) is what any policy could draft,
-and AR's next tokens say how many of them the verifier keeps. Three policies, each priced in one-token verifier
+and AR's next tokens say how many of them the verifier keeps. Four policies, each priced in one-token verifier
 passes (V(k) for a pass over k rows; prompt lookup itself costs nothing):
 
     oracle   the fewest passes over every choice of drafts from the lookup's matches (knowing which will be kept):
              no policy that drafts from them spends fewer
+    ours     the engine's own prompt lookup (drafters.PromptLookup with gamma="auto"), its decisions replayed
     fixed-N  drafts min(N, match) tokens whenever there is a match (transformers' prompt_lookup_num_tokens=N)
     AR       one pass a token
 
-Prints, per prompt and over all of them, each policy's tokens per pass and oracle / fixed-N, without and with
-the prompt read (the same for every policy, from the profile).
+Prints, per prompt and over all of them, each policy's tokens per pass and oracle / fixed-N and ours / fixed-N,
+without and with the prompt read (the same for every policy, from the profile). `assets/prompts/copy-tune.jsonl`
+is a second set of copy prompts to try policies on, so that `copy.jsonl` can report them.
 
     .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy.jsonl --max-new-tokens 96
     .venv/bin/python scripts/lookup_ceiling.py --preset random --prompts assets/prompts/copy.jsonl --limit 2 --max-new-tokens 8
@@ -27,8 +29,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from types import SimpleNamespace  # noqa: E402
+
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
-from via_sd.core.drafters import LOOKUP_NGRAM, LOOKUP_TOKENS, lookup  # noqa: E402
+from via_sd.core.drafters import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup  # noqa: E402
+from via_sd.cost.model import best_gamma  # noqa: E402
 
 
 def kept_at(seq: list[int], i: int) -> tuple[int, int]:
@@ -37,11 +42,11 @@ def kept_at(seq: list[int], i: int) -> tuple[int, int]:
     return len(match), next((k for k, t in enumerate(match) if i + k >= len(seq) or t != seq[i + k]), len(match))
 
 
-def replay(seq: list[int], start: int, V, fixed: int) -> dict:
+def replay(seq: list[int], start: int, profile, fixed: int) -> dict:
     """Passes each policy spends to emit seq[start + 1:] (seq[start] comes from the prompt read). The oracle's is
     the least over every choice of drafts (a prefix of what will be kept at each round: drafting past it costs a
     wider pass for no token), by dynamic programming from the end."""
-    end, at = len(seq), {i: kept_at(seq, i) for i in range(start + 1, len(seq))}
+    V, end, at = profile.V, len(seq), {i: kept_at(seq, i) for i in range(start + 1, len(seq))}
     least = {end: 0.0}
     for i in range(end - 1, start, -1):
         least[i] = min(V(d + 1) + least[min(i + d + 1, end)] for d in range(at[i][1] + 1))
@@ -51,7 +56,27 @@ def replay(seq: list[int], start: int, V, fixed: int) -> dict:
         drafts = min(fixed, match)
         passes += V(drafts + 1)
         i += min(kept, drafts) + 1
-    return {"oracle": least[start + 1], f"fixed-{fixed}": passes}
+    return {"oracle": least[start + 1], f"fixed-{fixed}": passes, "ours": ours(seq, start, profile)}
+
+
+def ours(seq: list[int], start: int, profile) -> float:
+    """Passes the engine's prompt lookup spends, its rounds replayed as greedy SD with gamma="auto" runs them."""
+    cfg = DecodeConfig(drafter="lookup")
+    lk = PromptLookup(SimpleNamespace(config=cfg, prompt_tokens=start), profile, 1 << 30, "sd", False)
+    passes, i = 0.0, start + 1
+    while i < len(seq):
+        if lk.source(seq[:i]) is None:
+            passes, emitted = passes + 1.0, seq[i:i + 1]
+        else:
+            rates, limit = lk.rates_for("lookup"), min(lk.limit(seq[:i]), len(seq) - i)
+            drafts = lk.propose(seq[:i], best_gamma(lk.profile("lookup"), "sd", rates, False, limit=limit))[0]
+            kept = next((k for k, t in enumerate(drafts) if t != seq[i + k]), len(drafts))
+            passes += profile.V(len(drafts) + 1)
+            lk.learn("lookup", kept, kept < len(drafts), [], None)
+            emitted = seq[i:i + kept + 1]
+        lk.observe(i, emitted)
+        i += len(emitted)
+    return passes
 
 
 def main(argv=None) -> int:
@@ -68,25 +93,32 @@ def main(argv=None) -> int:
     prompts = prompts[:args.limit] if args.limit else prompts
     fixed = f"fixed-{args.fixed}"
     print(f"{pair.describe()['verifier']}: V(2..6) = " + " / ".join(f"{profile.V(k):.2f}" for k in range(2, 7)))
-    print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | oracle tokens/pass | oracle / {fixed} | "
-          f"same, with the prompt read |")
-    print("|---|---|---|---|---|---|---|")
-    gains, gains_read = [], []
+    print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | ours | oracle | ours / {fixed} | oracle / {fixed} | "
+          f"both, with the prompt read |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    gains, gains_read, mine, mine_read = [], [], [], []
     for n, prompt in enumerate(prompts, 1):
         trace = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=args.max_new_tokens))
         prompt_ids = pair.encode(prompt, chat=True)
         seq = prompt_ids + trace.token_ids
-        passes = replay(seq, len(prompt_ids), profile.V, args.fixed)
+        passes = replay(seq, len(prompt_ids), profile, args.fixed)
         emitted = len(trace.token_ids) - 1
         read = profile.prompt("full", len(prompt_ids)) / profile.verify(1)  # yields the first token
         gain = passes[fixed] / passes["oracle"] if passes["oracle"] else 1.0
         gain_read = (read + passes[fixed]) / (read + passes["oracle"])
+        own = passes[fixed] / passes["ours"] if passes["ours"] else 1.0
+        own_read = (read + passes[fixed]) / (read + passes["ours"])
         gains.append(gain)
         gains_read.append(gain_read)
+        mine.append(own)
+        mine_read.append(own_read)
         print(f"| {n} | {len(trace.token_ids)} | {emitted} | {emitted / max(passes[fixed], 1e-9):.2f} | "
-              f"{emitted / max(passes['oracle'], 1e-9):.2f} | {gain:.2f}× | {gain_read:.2f}× |")
+              f"{emitted / max(passes['ours'], 1e-9):.2f} | {emitted / max(passes['oracle'], 1e-9):.2f} | "
+              f"{own:.2f}× | {gain:.2f}× | {own_read:.2f}× / {gain_read:.2f}× |")
     print(f"\nmedian oracle / {fixed}: {statistics.median(gains):.2f}× over the decoding rounds, "
           f"{statistics.median(gains_read):.2f}× with the prompt read")
+    print(f"median ours / {fixed}: {statistics.median(mine):.2f}× over the decoding rounds, "
+          f"{statistics.median(mine_read):.2f}× with the prompt read")
     return 0
 
 

@@ -185,13 +185,15 @@ def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_looku
     spec.loader.exec_module(script)
     seq = [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3, 4]  # after the prompt's end (index 4) the text copies itself
 
-    def V(k):
-        return 1.0 + 0.1 * (k - 1)
+    from via_sd.cost.model import CostProfile
 
-    passes = script.replay(seq, 4, V, fixed=3)
-    assert passes["oracle"] <= passes["fixed-3"] < len(seq) - 5  # both beat AR's one pass a token
-    assert passes["oracle"] == pytest.approx(1.0 + V(8))  # 1 is no match yet; then the 8 remaining in one round
+    rows = tuple(10.0 * (1.0 + 0.1 * k) for k in range(17))  # V(k) = 1 + 0.1 (k - 1)
+    profile = CostProfile(rows, rows, rows, (1.0, 1.0, 1.0))
+    passes = script.replay(seq, 4, profile, fixed=3)
+    assert passes["oracle"] <= min(passes["fixed-3"], passes["ours"])  # no policy spends fewer than the oracle
+    assert max(passes["fixed-3"], passes["ours"]) < len(seq) - 5  # and both beat AR's one pass a token
+    assert passes["oracle"] == pytest.approx(1.0 + profile.V(8))  # no match yet; then the 8 remaining in one round
     assert script.main(["--preset", "random", "--prompts", "assets/prompts/copy.jsonl", "--limit", "1",
                         "--max-new-tokens", "6"]) == 0
     out = capsys.readouterr().out
-    assert "| 1 | 6 |" in out and "median oracle / fixed-3" in out
+    assert "| 1 | 6 |" in out and "median oracle / fixed-3" in out and "median ours / fixed-3" in out
