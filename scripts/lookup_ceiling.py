@@ -16,7 +16,7 @@ without and with the prompt read (the same for every policy, from the profile). 
 is a second set of copy prompts to try policies on, so that `copy.jsonl` can report them.
 
     .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy.jsonl --max-new-tokens 96
-    .venv/bin/python scripts/lookup_ceiling.py --preset random --prompts assets/prompts/copy.jsonl --limit 2 --max-new-tokens 8
+    .venv/bin/python scripts/lookup_ceiling.py --preset random --limit 2 --max-new-tokens 8
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ def main(argv=None) -> int:
     prompts = prompts[:args.limit] if args.limit else prompts
     fixed = f"fixed-{args.fixed}"
     print(f"{pair.describe()['verifier']}: V(2..6) = " + " / ".join(f"{profile.V(k):.2f}" for k in range(2, 7)))
-    print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | ours | oracle | ours / {fixed} | oracle / {fixed} | "
-          f"both, with the prompt read |")
+    print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | ours | oracle | ours / {fixed} | "
+          f"oracle / {fixed} | both, with the prompt read |")
     print("|---|---|---|---|---|---|---|---|---|")
     gains, gains_read, mine, mine_read = [], [], [], []
     for n, prompt in enumerate(prompts, 1):

@@ -148,8 +148,9 @@ class EarlyExit(Drafter):
 # every draft, worth ten) paid for.
 LOOKUP_FIRST, LOOKUP_NEXT, LOOKUP_PRIOR_WEIGHT, NGRAM_WEIGHT = 0.3, 0.8, 2.0, 2.0
 # The longest draft a run's first lookup round risks; a round that keeps all its drafts doubles it (up to
-# lookup_tokens), one with a rejection sets it back to what was kept plus one (at least this). An AR step teaches it which token comes
-# next, not whether a copy goes on, so a long draft is earned by drafts, as TCP's window is by acknowledgements.
+# lookup_tokens), one with a rejection sets it back to what was kept plus one (at least this). An AR step teaches
+# it which token comes next, not whether a copy goes on, so a long draft is earned by drafts, as TCP's window is by
+# acknowledgements.
 LOOKUP_WINDOW = 2
 
 
