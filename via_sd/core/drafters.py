@@ -166,10 +166,15 @@ class CopyRates(Rates):
 
     def add(self, kept: int, rejected: bool, tiers: list[str], lag: int | None = None) -> None:
         super().add(kept, rejected, tiers, lag)
-        self.tried(kept, rejected)
+        self._first(kept, rejected)
 
-    def tried(self, kept: int, rejected: bool) -> None:
-        """The acceptance counts alone (a round observed, not drafted: no tiers, no lag)."""
+    def observed(self, kept: int, rejected: bool) -> None:
+        """A round observed, not drafted: the acceptance counts alone (no tiers sorted, no verifier lag)."""
+        self.kept += kept
+        self.trials += kept + int(rejected)
+        self._first(kept, rejected)
+
+    def _first(self, kept: int, rejected: bool) -> None:
         if kept or rejected:
             self.first_kept += kept > 0
             self.first_trials += 1
@@ -253,11 +258,12 @@ class PromptLookup(Drafter):
             return
         kept = next((i for i in range(seen) if self.match[i] != emitted[i]), seen)
         for rates in (self.own(), self.pooled):
-            rates.kept += kept
-            rates.trials += kept + int(kept < seen)
-            rates.tried(kept, kept < seen)
+            rates.observed(kept, kept < seen)
 
     def limit(self, seq: list[int]) -> int:
+        return self.lookup_limit(seq)
+
+    def lookup_limit(self, seq: list[int]) -> int:
         """What its match holds; with gamma="auto", no longer than the window its kept drafts have earned."""
         return min(len(self.find(seq)), self.window if self.dec.config.auto_gamma else MAX_GAMMA)
 
@@ -269,7 +275,7 @@ class PromptLookup(Drafter):
             return None
         if self.dec.config.auto_gamma:
             profile = self.profile("lookup")
-            limit = PromptLookup.limit(self, seq)  # (a hybrid's own limit is the part it picked last round's)
+            limit = self.lookup_limit(seq)
             self.rate = round_rate(profile, self.method, self.rates_for("lookup"), self.slim_sorts, limit)
             if self.rate * profile.verify(1) <= 1.0:
                 return None
@@ -317,7 +323,7 @@ class Hybrid(PromptLookup):
         return 1.0 / (1.0 / rate + self.profile("model").prompt("drafter", unread) / tokens)
 
     def limit(self, seq: list[int]) -> int:
-        return super().limit(seq) if self.chosen == "lookup" else MAX_GAMMA
+        return self.lookup_limit(seq) if self.chosen == "lookup" else MAX_GAMMA
 
     def propose(self, seq: list[int], gamma: int):
         """Drafts from the part the last `source` call picked."""

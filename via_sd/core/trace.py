@@ -9,7 +9,8 @@ costs:       the pair's cost profile on the machine that ran it (via_sd.cost.mod
 models:      drafter (who drafted, in words: the drafter model's name, or prompt lookup / early exit), drafter_kind
              (model | lookup | hybrid | early-exit; absent in older traces: model), verifier, route, ...
 rounds[k]:   round, gamma (drafts asked for), drafter (who drafted this round: model | lookup | early-exit, None for
-             a round with no drafts; absent in older traces), start_ms, draft_ms, slim_ms, full_ms, other_ms, full_called, slim_called,
+             a round with no drafts; absent in older traces), start_ms, draft_ms, slim_ms, full_ms, other_ms,
+             full_called, slim_called,
              forced_by (None, or "max_unverified": tier A was closed this round because that many tokens in
              a row had been kept with no verifier), calls[] (every forward: model, rows fed, rows already
              cached, resume: a full pass that resumed from the slim pass's shared sub-layers, prompt: a read
