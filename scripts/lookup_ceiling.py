@@ -16,6 +16,7 @@ without and with the prompt read (the same for every policy, from the profile). 
 is a second set of copy prompts to try policies on, so that `copy.jsonl` can report them.
 
     .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy.jsonl --max-new-tokens 96
+    .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy-tune.jsonl --max-new-tokens 96 --sweep
     .venv/bin/python scripts/lookup_ceiling.py --preset random --limit 2 --max-new-tokens 8
 """
 
@@ -33,6 +34,7 @@ from types import SimpleNamespace  # noqa: E402
 
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
 from via_sd.core.drafters import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup  # noqa: E402
+from via_sd.bench.hf import HF_LOOKUP_TOKENS  # noqa: E402
 from via_sd.cost.model import best_gamma  # noqa: E402
 
 
@@ -85,7 +87,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", default="assets/prompts/copy.jsonl")
     ap.add_argument("--limit", type=int, default=0, help="the first N prompts only")
     ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--fixed", type=int, default=3, help="the fixed policy's draft length")
+    ap.add_argument("--fixed", type=int, default=HF_LOOKUP_TOKENS,
+                    help="the fixed policy's draft length (default: the bench's transformers peer, hf-lookup)")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also: ours with other proven windows (drafters.LOOKUP_PROVEN_WINDOW), fixed lookups of 3-6")
     args = ap.parse_args(argv)
     pair = load_pair(args.preset)
     profile = pair.costs
@@ -96,7 +101,7 @@ def main(argv=None) -> int:
     print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | ours | oracle | ours / {fixed} | "
           f"oracle / {fixed} | both, with the prompt read |")
     print("|---|---|---|---|---|---|---|---|---|")
-    gains, gains_read, mine, mine_read = [], [], [], []
+    gains, gains_read, mine, mine_read, runs = [], [], [], [], []
     for n, prompt in enumerate(prompts, 1):
         trace = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=args.max_new_tokens))
         prompt_ids = pair.encode(prompt, chat=True)
@@ -104,6 +109,7 @@ def main(argv=None) -> int:
         passes = replay(seq, len(prompt_ids), profile, args.fixed)
         emitted = len(trace.token_ids) - 1
         read = profile.prompt("full", len(prompt_ids)) / profile.verify(1)  # yields the first token
+        runs.append((seq, len(prompt_ids), read, passes[fixed]))
         gain = passes[fixed] / passes["oracle"] if passes["oracle"] else 1.0
         gain_read = (read + passes[fixed]) / (read + passes["oracle"])
         own = passes[fixed] / passes["ours"] if passes["ours"] else 1.0
@@ -119,7 +125,32 @@ def main(argv=None) -> int:
           f"{statistics.median(gains_read):.2f}× with the prompt read")
     print(f"median ours / {fixed}: {statistics.median(mine):.2f}× over the decoding rounds, "
           f"{statistics.median(mine_read):.2f}× with the prompt read")
+    if args.sweep:
+        sweep(runs, profile, fixed)
     return 0
+
+
+def sweep(runs: list, profile, fixed: str) -> None:
+    """Other policies against the fixed one, median over the prompts with the prompt read: the engine's lookup with
+    each proven window (the least draft limit once the answer has copied) and fixed lookups of 3 to 6 tokens."""
+    import via_sd.core.drafters as drafters
+
+    def line(name, spend):
+        ratios = [(read + base) / (read + spend(seq, start)) for seq, start, read, base in runs]
+        print(f"{name}: {statistics.median(ratios):.3f}× {fixed}'s passes (median), "
+              f"{statistics.geometric_mean(ratios):.3f}× (geo-mean)")
+
+    print()
+    default = drafters.LOOKUP_PROVEN_WINDOW
+    try:
+        for window in (default, 4, 6, 8, 10):
+            drafters.LOOKUP_PROVEN_WINDOW = window
+            name = f"ours, proven window {window}" + (" (the engine's)" if window == default else "")
+            line(name, lambda s, i: ours(s, i, profile))
+    finally:
+        drafters.LOOKUP_PROVEN_WINDOW = default
+    for n in (3, 4, 5, 6):
+        line(f"fixed-{n}", lambda s, i, n=n: replay(s, i, profile, n)[f"fixed-{n}"])
 
 
 if __name__ == "__main__":

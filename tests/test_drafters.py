@@ -8,7 +8,7 @@ import pytest
 
 from via_sd import DecodeConfig, Thresholds, Trace, generate, tiny_random_pair
 from via_sd.core.decoding import Run
-from via_sd.core.drafters import lookup
+from via_sd.core.drafters import LOOKUP_PROVEN_WINDOW, lookup
 
 from test_via_decoding import assert_samples_follow_the_verifier
 
@@ -22,13 +22,15 @@ def config(**kw):
     return DecodeConfig(**kw)
 
 
-def test_prompt_lookup_proposes_what_followed_the_longest_most_recent_match_and_nothing_without_one():
+def test_prompt_lookup_proposes_what_followed_the_longest_first_match_and_nothing_without_one():
     seq = [1, 2, 3, 9, 9, 5, 2, 3, 7, 8, 6, 1, 2, 3]
     # the 3-gram [1, 2, 3] ends the sequence and occurs at 0: what followed it there
     assert lookup(seq, max_ngram=3, max_tokens=4) == ([9, 9, 5, 2], 3)
     assert lookup(seq, max_ngram=3, max_tokens=2) == ([9, 9], 3)
-    # n-grams of at most 2: [2, 3] occurs at 1 and at 6; the most recent is at 6
-    assert lookup(seq, max_ngram=2, max_tokens=3) == ([7, 8, 6], 2)
+    # n-grams of at most 2: [2, 3] occurs at 1 and at 6; the first is at 1
+    assert lookup(seq, max_ngram=2, max_tokens=3) == ([9, 9, 5], 2)
+    # the longest n-gram wins over an earlier shorter one: [5, 2, 3] occurs once, after [2, 3]'s first occurrence
+    assert lookup(seq[:8] + [0, 5, 2, 3], max_ngram=3, max_tokens=2) == ([0, 5], 3)
     assert lookup([4, 5, 6, 7], 3, 5) == ([], 0)  # the last token never occurred before
     assert lookup([], 3, 5) == ([], 0) and lookup([4], 3, 5) == ([], 0)
     assert lookup([4, 4, 4], 3, 5) == ([4, 4, 4, 4, 4], 2)  # a repeating stretch goes on repeating
@@ -147,7 +149,8 @@ def test_the_bench_runs_each_drafter_and_transformers_own_with_an_identity_check
 
 def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts(tiny_pair):
     """An AR step (or a hybrid's model round) with a match teaches lookup whether that match's first token was right;
-    a draft longer than two is earned by rounds that kept every draft, and a rejection shrinks it again."""
+    a draft longer than two is earned by rounds that kept every draft, and a rejection shrinks it again (to five at
+    least, once the answer has shown that it copies)."""
     lk = Run(tiny_pair, "hello", "sd", config(drafter="lookup", max_new_tokens=8)).dec.drafting
     seq = [5, 6, 7, 8, 9, 5, 6]  # "5 6" occurred before: the match proposes 7 8 9 5 6 7 ...
     lk.source(seq)
@@ -161,14 +164,18 @@ def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts
     wrong = lk.rates_for("lookup").first
     lk.observe(len(seq) + 1, [7])  # a round from another position is not this match's to learn from
     assert lk.rates_for("lookup").first == wrong
-    lk.learn("lookup", 2, False, [], None)
+    lk.learn("lookup", 1, False, [], None)  # one draft kept: the window doubles
     assert lk.limit(seq) == 4
-    lk.learn("lookup", 4, False, [], None)
-    assert lk.limit(seq) == 8
-    lk.learn("lookup", 2, True, [], None)
+    lk.learn("lookup", 2, True, [], None)  # a rejection: back to what was kept plus one
     assert lk.limit(seq) == 3
     lk.learn("lookup", 0, True, [], None)
     assert lk.limit(seq) == 2
+    lk.learn("lookup", 2, False, [], None)  # two drafts kept: the answer copies, the window never falls below 5
+    assert lk.limit(seq) == LOOKUP_PROVEN_WINDOW == 5
+    lk.learn("lookup", 5, False, [], None)
+    assert lk.limit(seq) == 10
+    lk.learn("lookup", 0, True, [], None)
+    assert lk.limit(seq) == LOOKUP_PROVEN_WINDOW
     rates = lk.rates_for("lookup")  # a copy right from its first token goes on: later drafts are kept more often
     assert rates.next > rates.first and rates.emitted(3) == pytest.approx(
         1 + rates.first * (1 + rates.next + rates.next ** 2))
@@ -194,6 +201,8 @@ def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_looku
     assert max(passes["fixed-3"], passes["ours"]) < len(seq) - 5  # and both beat AR's one pass a token
     assert passes["oracle"] == pytest.approx(1.0 + profile.V(8))  # no match yet; then the 8 remaining in one round
     assert script.main(["--preset", "random", "--prompts", "assets/prompts/copy.jsonl", "--limit", "1",
-                        "--max-new-tokens", "6"]) == 0
+                        "--max-new-tokens", "6", "--sweep"]) == 0
     out = capsys.readouterr().out
-    assert "| 1 | 6 |" in out and "median oracle / fixed-3" in out and "median ours / fixed-3" in out
+    fixed = f"fixed-{script.HF_LOOKUP_TOKENS}"  # by default, the bench's transformers peer
+    assert "| 1 | 6 |" in out and f"median oracle / {fixed}" in out and f"median ours / {fixed}" in out
+    assert "ours, proven window 5 (the engine's): " in out and "fixed-3: " in out

@@ -17,7 +17,7 @@
 The drafters (DecodeConfig(drafter=...)):
     model       the pair's small model (today's drafter, unchanged)
     lookup      prompt lookup: the longest n-gram (up to `lookup_ngram` tokens) that ends the sequence (prompt
-                and output) and occurs earlier in it, at its most recent occurrence, proposes what followed it
+                and output) and occurs earlier in it, at its first occurrence, proposes what followed it
                 (up to `lookup_tokens`); no model, c ~ 0. Cost-aware: with gamma="auto" the cost model caps the
                 draft at the length that pays under the verifier's V(k) (a long wrong draft costs a wide pass),
                 and a match whose n-gram length has been accepted too rarely to pay drafts nothing (an AR step).
@@ -51,13 +51,15 @@ LOOKUP_NGRAM, LOOKUP_TOKENS = 3, 10
 
 
 def lookup(seq: list[int], max_ngram: int = LOOKUP_NGRAM, max_tokens: int = LOOKUP_TOKENS) -> tuple[list[int], int]:
-    """Prompt lookup: (what followed the most recent earlier occurrence of the longest n-gram, n <= max_ngram, that
-    ends `seq`, up to max_tokens; n), or ([], 0) when no n-gram of the sequence's end occurs earlier. A continuation
-    that reaches the sequence's end goes on copying itself (a repeating stretch repeats, as LZ77 copies overlap)."""
+    """Prompt lookup: (what followed the first occurrence of the longest n-gram, n <= max_ngram, that ends `seq`
+    and occurs earlier in it, up to max_tokens; n), or ([], 0) when no n-gram of the sequence's end occurs earlier.
+    The first occurrence, as transformers' PromptLookupCandidateGenerator takes: it is most often in the prompt, the
+    text an answer copies (replayed on copy prompts, it costs fewer passes than the most recent: BENCHMARKS.md). A
+    continuation that reaches the sequence's end goes on copying itself (a repeating stretch repeats, as in LZ77)."""
     end = len(seq)
     for n in range(min(max_ngram, end - 1), 0, -1):
         suffix, last = seq[end - n:], seq[-1]
-        for start in range(end - n - 1, -1, -1):  # occurrences with at least one token after them
+        for start in range(end - n):  # occurrences with at least one token after them
             if seq[start + n - 1] == last and seq[start:start + n] == suffix:
                 cont = seq[start + n:start + n + max_tokens]
                 while len(cont) < max_tokens:  # past the end: the continuation itself, one period on
@@ -150,8 +152,10 @@ LOOKUP_FIRST, LOOKUP_NEXT, LOOKUP_PRIOR_WEIGHT, NGRAM_WEIGHT = 0.3, 0.8, 2.0, 2.
 # The longest draft a run's first lookup round risks; a round that keeps all its drafts doubles it (up to
 # lookup_tokens), one with a rejection sets it back to what was kept plus one (at least this). An AR step teaches
 # it which token comes next, not whether a copy goes on, so a long draft is earned by drafts, as TCP's window is by
-# acknowledgements.
-LOOKUP_WINDOW = 2
+# acknowledgements. Once a round has kept two drafts or more (the answer copies), the window never falls below
+# LOOKUP_PROVEN_WINDOW: V(k)'s plateau on the project's CPU kernel makes five drafts cost what three do, and the cost
+# model still picks the length that pays within it (tuned on copy-tune.jsonl: 4, 5, 6, 8 and 10 in BENCHMARKS.md).
+LOOKUP_WINDOW, LOOKUP_PROVEN_WINDOW = 2, 5
 
 
 @dataclass
@@ -220,6 +224,7 @@ class PromptLookup(Drafter):
         self.pooled = lookup_prior()
         self.match, self.n, self.at, self.rate, self.drafted = [], 0, -1, 0.0, False
         self.window = LOOKUP_WINDOW  # the longest draft it risks now (gamma="auto"): earned as drafts are kept
+        self.floor = LOOKUP_WINDOW  # what a rejection sets it back to: LOOKUP_PROVEN_WINDOW once the answer copies
 
     def find(self, seq: list[int]) -> list[int]:
         if self.at != len(seq):  # one search a round (source and propose ask for the same sequence)
@@ -247,7 +252,9 @@ class PromptLookup(Drafter):
         self.own().add(kept, rejected, tiers, lag)
         self.pooled.add(kept, rejected, tiers, lag)
         self.drafted = True
-        self.window = max(LOOKUP_WINDOW, kept + 1) if rejected else min(2 * self.window, self.tokens)
+        if not rejected and kept >= 2:
+            self.floor = LOOKUP_PROVEN_WINDOW
+        self.window = max(self.floor, kept + 1) if rejected else min(max(2 * self.window, self.floor), self.tokens)
 
     def observe(self, start: int, emitted: list[int]) -> None:
         """A round it did not draft: what the match it had then would have kept (under greedy decoding exactly
