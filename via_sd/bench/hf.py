@@ -43,7 +43,7 @@ def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dic
 
 
 HF_SELF = {"hf-lookup": "prompt_lookup_num_tokens", "hf-exit": "assistant_early_exit"}
-HF_LOOKUP_TOKENS = 5  # transformers' prompt lookup at its best length on copy prompts with the kernel's flat V(k) (BENCHMARKS.md)
+HF_LOOKUP_TOKENS = 5  # transformers' prompt lookup at its best fixed length on the copy prompts (BENCHMARKS.md)
 
 
 @torch.inference_mode()

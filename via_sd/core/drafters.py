@@ -153,7 +153,7 @@ LOOKUP_FIRST, LOOKUP_NEXT, LOOKUP_PRIOR_WEIGHT, NGRAM_WEIGHT = 0.3, 0.8, 2.0, 2.
 # lookup_tokens), one with a rejection sets it back to what was kept plus one (at least this). An AR step teaches
 # it which token comes next, not whether a copy goes on, so a long draft is earned by drafts, as TCP's window is by
 # acknowledgements. Once a round has kept two drafts or more (the answer copies), the window never falls below
-# LOOKUP_PROVEN_WINDOW: V(k)'s plateau on the project's CPU kernel makes five drafts cost what three do, and the cost
+# LOOKUP_PROVEN_WINDOW: one wrong token in a copy should not cost the next rounds their long drafts, and the cost
 # model still picks the length that pays within it (tuned on copy-tune.jsonl: 4, 5, 6, 8 and 10 in BENCHMARKS.md).
 LOOKUP_WINDOW, LOOKUP_PROVEN_WINDOW = 2, 5
 
