@@ -44,21 +44,32 @@ def kept_at(seq: list[int], i: int) -> tuple[int, int]:
     return len(match), next((k for k, t in enumerate(match) if i + k >= len(seq) or t != seq[i + k]), len(match))
 
 
-def replay(seq: list[int], start: int, profile, fixed: int) -> dict:
+def matches(seq: list[int], start: int) -> dict:
+    """kept_at for every position after the prompt read: what any policy could draft there."""
+    return {i: kept_at(seq, i) for i in range(start + 1, len(seq))}
+
+
+def replay(seq: list[int], start: int, profile, fixed: int, at: dict | None = None) -> dict:
     """Passes each policy spends to emit seq[start + 1:] (seq[start] comes from the prompt read). The oracle's is
     the least over every choice of drafts (a prefix of what will be kept at each round: drafting past it costs a
-    wider pass for no token), by dynamic programming from the end."""
-    V, end, at = profile.V, len(seq), {i: kept_at(seq, i) for i in range(start + 1, len(seq))}
+    wider pass for no token), by dynamic programming from the end. `at`: matches(seq, start), when already known."""
+    V, end, at = profile.V, len(seq), matches(seq, start) if at is None else at
     least = {end: 0.0}
     for i in range(end - 1, start, -1):
         least[i] = min(V(d + 1) + least[min(i + d + 1, end)] for d in range(at[i][1] + 1))
+    return {"oracle": least[start + 1], f"fixed-{fixed}": fixed_passes(at, start, end, profile, fixed),
+            "ours": ours(seq, start, profile)}
+
+
+def fixed_passes(at: dict, start: int, end: int, profile, fixed: int) -> float:
+    """Passes a lookup of min(fixed, match) drafts at every match spends (transformers' prompt_lookup_num_tokens)."""
     passes, i = 0.0, start + 1
     while i < end:
         match, kept = at[i]
         drafts = min(fixed, match)
-        passes += V(drafts + 1)
+        passes += profile.V(drafts + 1)
         i += min(kept, drafts) + 1
-    return {"oracle": least[start + 1], f"fixed-{fixed}": passes, "ours": ours(seq, start, profile)}
+    return passes
 
 
 def ours(seq: list[int], start: int, profile) -> float:
@@ -106,10 +117,11 @@ def main(argv=None) -> int:
         trace = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=args.max_new_tokens))
         prompt_ids = pair.encode(prompt, chat=True)
         seq = prompt_ids + trace.token_ids
-        passes = replay(seq, len(prompt_ids), profile, args.fixed)
+        at = matches(seq, len(prompt_ids))
+        passes = replay(seq, len(prompt_ids), profile, args.fixed, at)
         emitted = len(trace.token_ids) - 1
         read = profile.prompt("full", len(prompt_ids)) / profile.verify(1)  # yields the first token
-        runs.append((seq, len(prompt_ids), read, passes[fixed]))
+        runs.append((seq, len(prompt_ids), read, passes[fixed], at))
         gain = passes[fixed] / passes["oracle"] if passes["oracle"] else 1.0
         gain_read = (read + passes[fixed]) / (read + passes["oracle"])
         own = passes[fixed] / passes["ours"] if passes["ours"] else 1.0
@@ -136,7 +148,7 @@ def sweep(runs: list, profile, fixed: str) -> None:
     import via_sd.core.drafters as drafters
 
     def line(name, spend):
-        ratios = [(read + base) / (read + spend(seq, start)) for seq, start, read, base in runs]
+        ratios = [(read + base) / (read + spend(seq, start, at)) for seq, start, read, base, at in runs]
         print(f"{name}: {statistics.median(ratios):.3f}× {fixed}'s passes (median), "
               f"{statistics.geometric_mean(ratios):.3f}× (geo-mean)")
 
@@ -146,11 +158,11 @@ def sweep(runs: list, profile, fixed: str) -> None:
         for window in (default, 4, 6, 8, 10):
             drafters.LOOKUP_PROVEN_WINDOW = window
             name = f"ours, proven window {window}" + (" (the engine's)" if window == default else "")
-            line(name, lambda s, i: ours(s, i, profile))
+            line(name, lambda s, i, _: ours(s, i, profile))
     finally:
         drafters.LOOKUP_PROVEN_WINDOW = default
     for n in (3, 4, 5, 6):
-        line(f"fixed-{n}", lambda s, i, n=n: replay(s, i, profile, n)[f"fixed-{n}"])
+        line(f"fixed-{n}", lambda s, i, at, n=n: fixed_passes(at, i, len(s), profile, n))
 
 
 if __name__ == "__main__":
