@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from itertools import accumulate
+
+import numpy as np
 
 SCHEMA = "via-sd-trace/1"
 METHODS = ("ar", "sd", "via")
@@ -38,10 +39,17 @@ MAX_KEYS = 256  # keys of one object
 MAX_TEXT = 2_000_000  # prompt and output text
 MAX_TOKEN_TEXT = 1_000  # one token's text
 MAX_NAME = 1_000  # method, device, model names, any string the schema does not name
+MAX_CONTAINERS = 1_000_000  # lists and objects in one JSON text (a 20 MB trace has about 200,000)
+MAX_VALUES = 4_000_000  # values in one JSON text (a 20 MB trace has about 1,500,000)
 MAX_INT = 2**53  # JSON numbers beyond this are not exact in JavaScript
 
-_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_BRACKETS = re.compile(r"[\[\]{}]")
+# the depth check before parsing runs in C and numpy, linear in the text (one regex for a string with its
+# escapes was quadratic on a string that never closes: 92 s for '"' + '\\"' * 80_000)
+_STEP = np.zeros(256, np.int8)
+_STEP[list(b"[{")], _STEP[list(b"]}")] = 1, -1
+_QUOTE, _COMMA = ord('"'), ord(",")
+_CHUNK = 1 << 20
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class TraceError(ValueError):
@@ -70,14 +78,39 @@ def _show(value) -> str:
 
 # ---- before parsing ------------------------------------------------------------------------------
 
-def json_depth(text: str) -> int:
-    """Deepest nesting of [ and { in JSON text, without parsing it (no recursion, linear time)."""
-    brackets = _BRACKETS.findall(_STRING.sub("", text))
-    return max(accumulate(1 if b in "[{" else -1 for b in brackets), default=0)
+def json_shape(text: str | bytes) -> tuple[int, int, int]:
+    """(deepest nesting, lists and objects, commas) of JSON text outside its strings, without parsing it: no
+    recursion, time linear in the text. Escaped backslashes, then escaped quotes are dropped (left to right,
+    as JSON reads them); a character counts where an even number of quotes precede it."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    deepest = level = quotes = containers = commas = 0
+    for start in range(0, len(data), _CHUNK):
+        chunk = np.frombuffer(data, np.uint8, min(_CHUNK, len(data) - start), start)
+        is_quote = chunk == _QUOTE
+        outside = ((np.cumsum(is_quote, dtype=np.int64) + quotes) & 1) == 0
+        steps = np.where(outside, _STEP[chunk], 0)
+        running = np.cumsum(steps, dtype=np.int64) + level
+        quotes, level = quotes + int(np.count_nonzero(is_quote)), int(running[-1])
+        deepest = max(deepest, int(running.max()))
+        containers += int(np.count_nonzero(steps == 1))
+        commas += int(np.count_nonzero(outside & (chunk == _COMMA)))
+    return deepest, containers, commas
+
+
+def json_depth(text: str | bytes) -> int:
+    """Deepest nesting of [ and { in JSON text outside its strings (`json_shape`)."""
+    return json_shape(text)[0]
 
 
 def parse_json(text: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: int = MAX_PARSE_DEPTH):
     """JSON text -> Python data, refusing oversized or overly nested text before parsing it."""
+    if isinstance(text, str):
+        if len(text) > max_bytes:  # a character is at least a byte: refused before it is encoded
+            raise TraceError(f"not a VIA-SD trace: {len(text):,} characters, more than the {max_bytes:,} bytes a "
+                             "trace may have")
+        if (lone := _SURROGATE.search(text)) is not None:
+            raise NotJSONError(f"not UTF-8 text: a lone surrogate at character {lone.start():,}")
     size = len(text.encode("utf-8") if isinstance(text, str) else text)
     if size > max_bytes:
         raise TraceError(f"not a VIA-SD trace: {size:,} bytes, more than the {max_bytes:,} a trace may have")
@@ -86,9 +119,15 @@ def parse_json(text: str | bytes, max_bytes: int = MAX_JSON_BYTES, max_depth: in
             text = text.decode("utf-8")
         except UnicodeDecodeError:
             raise NotJSONError("not UTF-8 text") from None
-    depth = json_depth(text)
+    depth, containers, commas = json_shape(text)
     if depth > max_depth:
         raise TraceError(f"not a VIA-SD trace: nested {depth} deep, more than the {max_depth} a trace may be")
+    # parsing holds the interpreter for its whole length: bound what it builds (20 MB of `[],` took 1.3 s)
+    if containers > MAX_CONTAINERS:
+        raise TraceError(f"not a VIA-SD trace: {containers:,} lists and objects, more than the {MAX_CONTAINERS:,} "
+                         "a trace may have")
+    if commas >= MAX_VALUES:
+        raise TraceError(f"not a VIA-SD trace: {commas + 1:,} values, more than the {MAX_VALUES:,} a trace may have")
     try:
         return json.loads(text)
     except json.JSONDecodeError as err:
@@ -153,6 +192,8 @@ def _string(path, v, limit=MAX_NAME, optional=False):
         _fail(path, "must be a string" + (" or null" if optional else ""), v)
     if len(v) > limit:
         _fail(path, f"is {len(v):,} characters long; at most {limit:,}", show=False)
+    if _SURROGATE.search(v) is not None:  # from a JSON escape such as "\ud800": no UTF-8 text can hold it
+        _fail(path, "holds a lone surrogate (an escape such as \\ud800 that is no character)", show=False)
 
 
 def _choice(path, v, allowed, optional=False):
@@ -219,7 +260,7 @@ def _generic(path: str, v, depth: int) -> None:
 
 
 def _key(path: str, k) -> str:
-    if not isinstance(k, str) or len(k) > 100:
+    if not isinstance(k, str) or len(k) > 100 or _SURROGATE.search(k) is not None:
         _fail(path, "has a key that is not a short string", k)
     return k
 
