@@ -17,12 +17,14 @@ from studio.gpu import spaces  # noqa: F401  (first: on ZeroGPU `spaces` must co
 import json
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
 
-from studio import api, costs, lab, layout, runs, views
+from studio import api, costs, lab, layout, memory, runs, views
 from studio.downloads import forget_session
 from studio.lab import CUSTOM
 from studio.layout import DEFAULTS  # noqa: F401  (the values the controls start at, for scripts)
@@ -36,7 +38,7 @@ THEME_JS = "() => document.body.classList.contains('dark') ? 'dark' : 'light'"
 PRESENTATION_JS = "(on) => { document.body.classList.toggle('presentation', !!on); return []; }"
 # the page's own steps are private: a client sees only the endpoints named for it (`public`)
 LIGHT = dict(concurrency_limit=8, show_progress="hidden", api_visibility="private")
-ON_MODEL = dict(concurrency_id="gpu", concurrency_limit=1)  # one piece of model work at a time
+ON_MODEL = dict(concurrency_id=runs.GPU_GROUP, concurrency_limit=1)  # one piece of model work at a time
 
 
 def example_prompts() -> tuple[list[list[str]], list[str]]:
@@ -59,6 +61,7 @@ def example_prompts() -> tuple[list[list[str]], list[str]]:
 def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
     """The page: its layout in reading order (`studio.layout`, one builder per area), then the event wiring."""
     MODELS.served = preset
+    memory.return_large_blocks()  # a closed session's memory goes back to the system (studio.memory)
     # Gradio copies every served file into its own cache: hourly, drop copies older than an hour
     with gr.Blocks(title="VIA-SD Studio", fill_width=True, delete_cache=(3600, 3600)) as demo:
         ui = layout.merge(layout.session_state(), layout.settings_sidebar(preset),
@@ -238,6 +241,16 @@ def mcp_wanted() -> bool:
     return True
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """SIGTERM (a container stopping, `kill`) ends the page as Ctrl-C does: the server closes, Gradio empties its
+    cache and the exit handlers remove the download folder; by default SIGTERM ends the process with none of it."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, interrupt)
+
+
 def launch(preset: str = DEFAULT_PRESET, **kwargs):
     """Start the page at once and load `preset` in the background."""
     MODELS.preload(preset)
@@ -245,6 +258,7 @@ def launch(preset: str = DEFAULT_PRESET, **kwargs):
     demo.queue(default_concurrency_limit=1, max_size=64)
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)  # the server refuses a larger upload before storing it
     kwargs.setdefault("mcp_server", mcp_wanted())
+    stop_cleanly_on_sigterm()
     return demo.launch(css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft(), **kwargs)
 
 

@@ -28,6 +28,7 @@ log = logging.getLogger("via_sd.app")
 METHODS = ("via", "sd", "ar")
 FRAME_S = 1 / 15  # at most ~15 page updates a second: more than a browser shows, fewer than a fast pair makes
 MAX_PACE_MS = 2000.0
+GPU_GROUP = "gpu"  # app.py's concurrency id of model work (ON_MODEL)
 
 
 def warn(message: str) -> None:
@@ -59,9 +60,25 @@ def request_rerun(rerun, request: gr.Request = None):
 
 def stop_work(request: gr.Request = None) -> str:
     """Stop: ends all of this session's work asked for so far (a queued or running run, a sweep, a route
-    search) within a round or a step; other sessions' work goes on."""
-    SESSIONS.get(request).stop()
+    search) within a round or a step; other sessions' work goes on. With none, it does nothing: the
+    session's next run runs."""
+    queued = model_work_queued(request)
+    SESSIONS.get(request).stop(queued=queued)
+    if not queued:
+        return page.status_html("Nothing to stop: no run, sweep or search of yours is running or queued.", "stop")
     return page.status_html("stopping after the current round …", "stop")
+
+
+def model_work_queued(request) -> bool:
+    """Has this session model work (the "gpu" group: a run, a comparison, a sweep, a search) waiting in Gradio's
+    queue or running? Read from the queue itself (Gradio has no public call for it): an API client's call holds no
+    ticket until it starts. No queue (a direct call): nothing waits."""
+    try:
+        queue = request.request.app.get_blocks()._queue
+        events = list(queue.event_ids_to_events.values())
+    except AttributeError:
+        return False
+    return any(e.session_hash == request.session_hash and e.concurrency_id == GPU_GROUP for e in events)
 
 
 def with_replacements(candidates: list[dict], pair, greedy: bool) -> list[dict]:

@@ -13,8 +13,9 @@ Another session's Stop or Run never touches it. What follows a run (figures, fid
 `is_latest` with the run's ticket and is skipped once a newer run was asked for.
 
 An API client calls the queued handler directly, with no ticket step before the queue: its work takes
-a ticket when it starts, and a Stop that no running work of the session took up (it was pressed while
-the client's call still waited in the queue) ends the session's next ticketless work before it starts.
+a ticket when it starts, and a Stop pressed while the client's call still waited in the queue (and that no
+running work of the session took up) ends the session's next ticketless work before it starts. A Stop with
+nothing of the session queued or running stops nothing, now or later: it is never a switch left on.
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ class Session:
             self._latest[kind] = self._issued
             return self._issued
 
-    def stop(self) -> None:
+    def stop(self, queued: bool = True) -> None:
+        """Stop everything asked for so far; `queued`: work of this session waits in the queue (or has just
+        left it) and may not hold a ticket yet, so the Stop is kept for the next ticketless work."""
         with self._lock:
             self._stopped_at = self._issued
-            self._unclaimed_stop = True
+            self._unclaimed_stop = queued
 
     def claim_stop(self) -> bool:
         """Running work saw the Stop (it was for that work); True if nobody had claimed it yet."""
