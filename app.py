@@ -130,7 +130,7 @@ def wire_session_and_models(demo: gr.Blocks, ui: SimpleNamespace, preset: str) -
     demo.unload(forget_session)
     timer = gr.Timer(0.5, active=MODELS.loading() or MODELS.loaded(preset) is None)
     timer.tick(poll_status, [ui.model], [ui.device, timer], api_visibility="private", show_progress="hidden")
-    ui.model.change(load_preset, [ui.model], [ui.device, ui.status], **public("load_preset", **ON_MODEL)).then(
+    ui.model.change(load_preset, [ui.model], [ui.device, ui.status], **public("load_preset", preprocess=False, **ON_MODEL)).then(
         lab.route_search_row, [ui.model], [ui.route_row], api_visibility="private", show_progress="hidden")
     return timer
 
@@ -142,7 +142,7 @@ def wire_runs(ui: SimpleNamespace) -> None:
         after_run(trigger(runs.take_run_ticket, [ui.theme], [ui.run_ticket, ui.theme, ui.race_view], js=THEME_JS,
                           queue=False, api_visibility="private").then(
             runs.run_compare, [*run_inputs(ui), ui.run_ticket, ui.drafter], run_outputs(ui),
-            show_progress_on=[ui.via_pane, ui.sd_pane], **endpoint, **ON_MODEL), ui)
+            show_progress_on=[ui.via_pane, ui.sd_pane], preprocess=False, **endpoint, **ON_MODEL), ui)
     ui.stop.click(runs.stop_work, None, ui.status, **public("stop", concurrency_limit=None, queue=False))
     ui.with_ar.change(lambda on: gr.HTML(visible=bool(on)), [ui.with_ar], [ui.ar_pane], api_visibility="private",
                       queue=False)
@@ -173,7 +173,8 @@ def wire_threshold_lab(ui: SimpleNamespace) -> None:
 
 def wire_race_and_projection(ui: SimpleNamespace) -> None:
     """The race replay, and "where it would pay" redrawn as its profile and sliders move."""
-    ui.race.click(views.race_replay, [ui.traces, ui.race_speed], [ui.race_view], **public("race", **LIGHT))
+    ui.race.click(views.race_replay, [ui.traces, ui.race_speed], [ui.race_view],
+                  **public("race", preprocess=False, **LIGHT))
     for control in (ui.profile, ui.flatness, ui.drafter_cost, ui.slim_cost):
         control.change(costs.projection, projection_inputs(ui), [ui.projection], trigger_mode="always_last",
                        **LIGHT)
@@ -219,11 +220,13 @@ def wire_trace_and_learn(ui: SimpleNamespace) -> None:
 
 def wire_api(ui: SimpleNamespace) -> None:
     """The JSON endpoints for scripts and MCP: the same queue, concurrency group and limits as Run; the
-    what-if needs no model."""
+    what-if needs no model. Their inputs reach the handlers as sent (preprocess=False, as /run's): the handlers
+    check every one against the one table of bounds (`studio.inputs`, `via_sd.core.config.BOUNDS`) and refuse it
+    by name, where Gradio's own checks would coerce ("yes" -> true, 1.5 -> 2) or refuse without naming it."""
     ui.compare_trigger.click(api.compare, [*run_inputs(ui)[:-1], ui.drafter], [ui.comparison],  # not the pace
-                             **public("compare", show_progress="hidden", **ON_MODEL))
+                             **public("compare", show_progress="hidden", preprocess=False, **ON_MODEL))
     ui.estimate_trigger.click(api.what_if_estimate, [ui.trace_in, ui.accept, ui.escalate, ui.signal],
-                              [ui.estimate], **public("what_if_estimate", **LIGHT))
+                              [ui.estimate], **public("what_if_estimate", preprocess=False, **LIGHT))
 
 
 def mcp_wanted() -> bool:

@@ -107,7 +107,7 @@ def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_ne
     job = SESSIONS.get(request).job("run")
     settings = {"prompt": prompt, "gamma": gamma, "accept": accept, "escalate": escalate, "signal": signal,
                 "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed, "route": route,
-                "with_ar": bool(with_ar), "drafter": drafter}
+                "with_ar": with_ar, "drafter": drafter}
     traces: dict = {"ticket": job.ticket, "preset": preset}
     if job.is_set():  # Stop pressed while this call waited in the queue
         return comparison_json(traces, settings, "stopped", "Stopped before it started (Stop was pressed while the "

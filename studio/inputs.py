@@ -5,10 +5,17 @@ from __future__ import annotations
 
 import bisect
 
+import re
+
 from via_sd import DecodeConfig, Thresholds
+from via_sd.core.config import BOUNDS, DRAFTERS, MAX_FIXED_GAMMA, SEED_MAX, Bound  # noqa: F401 (SEED_MAX: scripts)
+from via_sd.core.trace_check import SIGNALS
 
 MAX_PROMPT_CHARS = 6000
-SEED_MAX = 2**32 - 1
+MAX_NAME_CHARS = 200  # a route's or preset's name
+MAX_ROUTE_SKIPS = 1024  # sub-layers a route given as a list may skip
+GAMMA = Bound(True, 0, MAX_FIXED_GAMMA)  # the page's gamma: 0 = "auto", else the engine's fixed length
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_GRID = 24  # settings in one measured sweep
 MAX_GRID_CHARS = 400  # characters in one grid field: checked before the text is parsed
 
@@ -18,40 +25,86 @@ class UserError(ValueError):
 
 
 def check_prompt(prompt) -> str:
+    if prompt is not None and not isinstance(prompt, str):
+        raise UserError(f"prompt must be text (a string of 1 to {MAX_PROMPT_CHARS:,} characters), got "
+                        f"{type(prompt).__name__}.")
     if not isinstance(prompt, str) or not prompt.strip():
         raise UserError("The prompt is empty: type a prompt or pick an example.")
+    if (lone := _SURROGATE.search(prompt)) is not None:
+        raise UserError(f"prompt holds a lone surrogate (no character: an escape such as \\ud800) at character "
+                        f"{lone.start():,}; send text as UTF-8.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise UserError(f"The prompt has {len(prompt):,} characters; the limit here is {MAX_PROMPT_CHARS:,}. "
                         "Shorten it.")
     return prompt
 
 
-def number(name: str, value, whole: bool = False, lo=None, hi=None):
-    """A setting as a number (an int when `whole`), or UserError naming it: the page's message for the API too."""
-    kind = "a whole number" if whole else "a number"
-    span = f" from {lo:,} to {hi:,}" if lo is not None else ""
-    ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-          and abs(value) != float("inf"))
-    if not ok or (whole and not float(value).is_integer()) or (lo is not None and not lo <= value <= hi):
-        raise UserError(f"Settings: {name} must be {kind}{span}, got {str(value)[:30]}.")
-    return int(value) if whole else float(value)
+def shown(value) -> str:
+    """A refused value as the message shows it: short, its type plain where it is no number or text."""
+    if isinstance(value, (dict, list, tuple)):
+        return f"a {type(value).__name__}"
+    return repr(value)[:30]
+
+
+def number(name: str, value, bound: Bound | None = None):
+    """A setting as a number (an int when `bound` is whole), within `bound` (`config.BOUNDS[name]` by default), or
+    UserError naming it, its problem and the allowed range: the page's message for the API too."""
+    bound = bound or BOUNDS[name]
+    if not bound.allows(value):
+        raise UserError(f"Settings: {name} must be {bound.allowed}, got {shown(value)}.")
+    return int(value) if bound.whole else float(value)
+
+
+def choice(name: str, value, allowed) -> str:
+    """A setting that is one of `allowed` (strings), or UserError naming it and the choices."""
+    if not isinstance(value, str) or value not in allowed:
+        raise UserError(f"Settings: {name} must be one of {', '.join(map(repr, allowed))}, got {shown(value)}.")
+    return value
+
+
+def name(field: str, value) -> str:
+    """A name (a route, a preset) checked by what it names later; here: a non-empty string of bounded length."""
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_NAME_CHARS:
+        raise UserError(f"Settings: {field} must be a name of 1 to {MAX_NAME_CHARS} characters, got {shown(value)}.")
+    return value
+
+
+def route(value):
+    """The slim verifier's route: a name ("default", "none", a shipped route's) or, from Python, a list of the
+    sub-layers it skips ("attn.1", "mlp.2"); whether it fits the verifier is checked when the pair is viewed."""
+    if isinstance(value, list) and len(value) <= MAX_ROUTE_SKIPS and all(
+            isinstance(v, str) and 0 < len(v) <= MAX_NAME_CHARS for v in value):
+        return value
+    if isinstance(value, list):
+        raise UserError(f"Settings: route must be a name or a list of at most {MAX_ROUTE_SKIPS} sub-layer names "
+                        f"(\"attn.1\", \"mlp.2\"), got {shown(value)}.")
+    return name("route", value)
+
+
+def flag(field: str, value) -> bool:
+    """true or false, nothing that merely looks like one ("yes", 2)."""
+    if not isinstance(value, bool):
+        raise UserError(f"Settings: {field} must be true or false, got {shown(value)}.")
+    return value
 
 
 def make_thresholds(accept, escalate, signal="slim") -> Thresholds:
-    accept, escalate = number("accept", accept, lo=0, hi=1), number("escalate", escalate, lo=0, hi=1)
+    accept, escalate = number("accept", accept), number("escalate", escalate)
+    signal = choice("signal", signal, SIGNALS)
     try:
-        return Thresholds(accept=accept, escalate=escalate, signal=signal or "slim")
+        return Thresholds(accept=accept, escalate=escalate, signal=signal)
     except (TypeError, ValueError) as err:
         raise UserError(f"Thresholds: {err}") from err
 
 
 def make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter="model") -> DecodeConfig:
     thresholds = make_thresholds(accept, escalate, signal)
-    gamma, max_new_tokens = number("gamma", gamma, whole=True), number("max_new_tokens", max_new_tokens, whole=True)
-    temperature, seed = number("temperature", temperature), number("seed", seed, whole=True, lo=0, hi=SEED_MAX)
+    gamma, max_new_tokens = number("gamma", gamma, GAMMA), number("max_new_tokens", max_new_tokens)
+    temperature, seed = number("temperature", temperature), number("seed", seed)
+    drafter = choice("drafter", drafter, DRAFTERS)
     try:  # gamma 0 on the page: the engine picks each round's length from the cost profile (gamma="auto")
         return DecodeConfig(gamma="auto" if gamma == 0 else gamma, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, thresholds=thresholds, drafter=drafter or "model")
+                            temperature=temperature, seed=seed, thresholds=thresholds, drafter=drafter)
     except (TypeError, ValueError) as err:
         raise UserError(f"Settings: {err}") from err
 

@@ -125,7 +125,7 @@ def panes_and_cards() -> SimpleNamespace:
     metrics = gr.HTML(page.metrics_html({}), elem_id="metrics", js_on_load=None, label="metric cards (HTML)")
     with gr.Row(equal_height=True, elem_id="race-controls"):
         race = gr.Button("▶ Replay as a race", elem_id="race-replay", scale=0, min_width=220)
-        race_speed = gr.Radio([("¼×", 0.25), ("½×", 0.5), ("1×", 1.0), ("2×", 2.0), ("4×", 4.0)], value=1.0,
+        race_speed = gr.Radio(list(zip(("¼×", "½×", "1×", "2×", "4×"), views.RACE_SPEEDS)), value="1",
                               label="race speed (× recorded time)", elem_id="race-speed", scale=1)
     race_view = gr.HTML(page.RACE_HINT, elem_id="race-view", js_on_load=None, label="race frame (HTML)")
     return SimpleNamespace(via_pane=via_pane, sd_pane=sd_pane, ar_pane=ar_pane, metrics=metrics, race=race,

@@ -23,6 +23,7 @@ import viz.page as page
 from via_sd import PRESETS, DecodeConfig, ModelLoadError, Thresholds, generate, load_pair
 from via_sd.route_search import pick_route
 from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
+from via_sd.weights import lowbit_kernel
 
 from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
 from .inputs import UserError
@@ -130,10 +131,12 @@ class Models:
             state, route = dict(self._state), self._routes.get(preset)
         if pair is not None:
             route = route or pair.route
+            kernel = pair.kernels().split(" (")[0]  # which kernel runs the weights, without its terms
+            if pair.weights == "int4" and (error := lowbit_kernel.build_error()):
+                kernel = f"{kernel}: {error}"  # the compiler's error, and that tokens differ from the kernel's
             return page.pair_line(pair.device.type, str(pair.dtype).replace("torch.", ""), pair.weights,
                                   pair.drafter_name, pair.verifier_name, route.name, len(route.skip),
-                                  route.skip_fraction, bool(route.meta.get("provisional")),
-                                  pair.kernels().split(" (")[0])  # which kernel runs the weights, without its terms
+                                  route.skip_fraction, bool(route.meta.get("provisional")), kernel)
         if state["preset"] == preset:
             return page.loading_html(preset, state["fraction"], state["message"])
         ok, why = preset_available(preset)
@@ -271,6 +274,8 @@ MODELS = Models()
 
 def load_preset(preset, progress=gr.Progress()) -> tuple[str, str]:
     """Switch preset: frees the old pair, loads the new one with progress. Returns (device line, status)."""
+    if not isinstance(preset, str) or preset not in PRESETS:
+        raise gr.Error(f"preset must be one of {', '.join(PRESETS)}, got {str(preset)[:40]!r}", print_exception=False)
     try:
         MODELS.pair(preset, progress)
     except UserError as err:

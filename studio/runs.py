@@ -20,7 +20,8 @@ from via_sd.core.decoding import stream_events
 from via_sd.bench.fidelity import measure_fidelities
 
 from .gpu import run_seconds, gpu
-from .inputs import check_prompt, make_config
+from .inputs import check_prompt, flag, make_config, name
+from .inputs import route as check_route
 from .models import MODELS
 from .sessions import SESSIONS
 
@@ -117,6 +118,7 @@ def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate
     """
     check_prompt(prompt)
     config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter)
+    preset, route, with_ar = name("preset", preset), check_route(route), flag("with_ar", with_ar)
     yield None, False
     shared = MODELS.wait(preset, progress)
     MODELS.ensure_warm(shared)  # a no-op once warm; on ZeroGPU the first run warms up inside its GPU call

@@ -6,6 +6,7 @@ otherwise: a new Run never waits behind the pictures of the last one.
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -25,6 +26,8 @@ from .runs import METHODS, is_current, panes, runs_of, warn
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
 RACE_FPS = 12
+RACE_SPEEDS = ("0.25", "0.5", "1", "2", "4")  # the race speed control's values (strings: a client sends them as is)
+MIN_RACE_SPEED, MAX_RACE_SPEED = 0.05, 50.0
 TABLE_COLUMNS = ["i", "text", "round", "tier", "outcome", "p_draft", "q_slim", "q_full", "confidence", "id"]
 
 
@@ -175,16 +178,25 @@ def race_ready(traces: dict, race_view: str = "", request: gr.Request = None):
     return page.race_ready_html(list(_race_traces(traces)))
 
 
-def race_replay(traces: dict, speed=1.0):
+def race_speed(speed) -> float:
+    """The race's speed: one of the control's choices ("0.25" ... "4"), or from Python a number in [0.05, 50];
+    anything else is refused, naming the field and what it allows."""
+    if isinstance(speed, str) and speed in RACE_SPEEDS:
+        return float(speed)
+    if (isinstance(speed, (int, float)) and not isinstance(speed, bool) and math.isfinite(speed)
+            and MIN_RACE_SPEED <= speed <= MAX_RACE_SPEED):
+        return float(speed)
+    raise gr.Error(f"race speed must be one of {', '.join(map(repr, RACE_SPEEDS))} (times the recorded time), "
+                   f"got {str(speed)[:30]!r}", print_exception=False)
+
+
+def race_replay(traces: dict, speed="1"):
     """Plays the recorded traces side by side in their recorded time, `speed` × faster (frames of HTML)."""
+    speed = race_speed(speed)
     runs = _race_traces(traces)
     if not runs:
         yield page.RACE_HINT
         return
-    try:
-        speed = min(max(float(speed), 0.05), 50.0)
-    except (TypeError, ValueError):
-        speed = 1.0
     end = race_end_ms(runs)
     start = time.perf_counter()
     while (t := (time.perf_counter() - start) * 1000 * speed) < end:

@@ -233,3 +233,67 @@ def _up(url: str) -> bool:
         return httpx.get(url + "gradio_api/info", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+# ---- refusals name the field; a fuzz of hostile inputs ----------------------------------------------------
+
+BAD_COMPARE = [  # (field, value, words the refusal must hold)
+    ("max_new_tokens", "abc", "max_new_tokens must be a whole number from 1 to 4,096"),
+    ("max_new_tokens", None, "max_new_tokens must be a whole number from 1 to 4,096"),
+    ("max_new_tokens", 10**6, "max_new_tokens must be a whole number from 1 to 4,096"),
+    ("seed", "x", "seed must be a whole number from 0 to 4,294,967,295"),
+    ("seed", 1.5, "seed must be a whole number from 0 to 4,294,967,295"),
+    ("seed", -1, "seed must be a whole number"),
+    ("accept", "0.5", "accept must be a number from 0 to 1"),
+    ("accept", None, "accept must be a number from 0 to 1"),
+    ("gamma", None, "gamma must be a whole number from 0 to 64"),
+    ("temperature", None, "temperature must be a number from 0 to 5"),
+    ("temperature", 7, "temperature must be a number from 0 to 5"),
+    ("with_ar", "yes", "with_ar must be true or false"),
+    ("with_ar", 2, "with_ar must be true or false"),
+    ("prompt", ["a", "list"], "prompt must be text"),
+    ("prompt", {"a": 1}, "prompt must be text"),
+    ("prompt", "x" * 7000, "the limit here is 6,000"),
+    ("signal", None, "signal must be one of 'slim', 'draft'"),
+    ("drafter", None, "drafter must be one of 'model'"),
+    ("drafter", "oracle", "drafter must be one of 'model'"),
+    ("route", None, "route must be a name"),
+    ("preset", None, "preset must be a name"),
+]
+
+
+@pytest.mark.parametrize("field,value,words", BAD_COMPARE, ids=[f"{f}={str(v)[:12]!r}" for f, v, _ in BAD_COMPARE])
+def test_compare_refuses_a_bad_setting_by_name_with_its_range(server, field, value, words):
+    client = Client(server, verbose=False)
+    with pytest.raises(Exception) as refused:
+        client.predict(*{**COMPARE, field: value}.values(), api_name="/compare")
+    assert words in str(refused.value), str(refused.value)[:300]
+
+
+def test_raw_rest_refuses_nan_and_infinity_by_name(server):
+    """JSON's NaN / Infinity (Python's json writes them) reach the handler through the queue as floats."""
+    import httpx
+
+    for value in ("NaN", "Infinity", "1e400"):
+        data = list(COMPARE.values())
+        data[8] = "SEED"
+        body = json.dumps({"data": data}).replace('"SEED"', value)
+        with httpx.Client(base_url=server, timeout=60) as http:
+            event = http.post("gradio_api/call/compare", content=body,
+                              headers={"content-type": "application/json"}).json()["event_id"]
+            reply = http.get(f"gradio_api/call/compare/{event}").text
+        assert "event: error" in reply and "seed must be a whole number from 0 to 4,294,967,295" in reply, reply[:300]
+
+
+def test_race_speed_and_preset_accept_their_choices_and_name_the_rest(server):
+    client = Client(server, verbose=False)
+    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/race"]["parameters"]
+    speed = next(p for p in info if p["parameter_name"] == "speed")
+    advertised = speed["type"].get("enum") or speed["type"].get("anyOf", [{}])[0].get("enum")
+    assert advertised == ["0.25", "0.5", "1", "2", "4"], speed["type"]
+    for value in advertised:
+        assert "race" in client.predict(value, api_name="/race")  # no run yet: the hint, not an error
+    with pytest.raises(Exception, match="race speed must be one of"):
+        client.predict("3", api_name="/race")
+    with pytest.raises(Exception, match="preset must be one of"):
+        client.predict(None, api_name="/load_preset")

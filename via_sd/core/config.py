@@ -12,7 +12,47 @@ DRAFTERS = ("model", "lookup", "hybrid", "early-exit")
 MAX_NEW_TOKENS = 4096
 MAX_FIXED_GAMMA = 64
 MIN_TEMPERATURE = 1e-3  # below this, sampling is argmax to float precision and logits / temperature can overflow
+SEED_MAX = 2**32 - 1
 AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """One setting's allowed values: `DecodeConfig`, the trace gate (`trace_check`) and the app's inputs
+    (`studio.inputs`) all read them from `BOUNDS`, and docs/api.md's JSON Schema is written from it."""
+
+    whole: bool  # a whole number (JSON integer), else any finite number
+    lo: float
+    hi: float
+
+    def allows(self, value) -> bool:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+            return False
+        return (not self.whole or float(value).is_integer()) and self.lo <= value <= self.hi
+
+    @property
+    def allowed(self) -> str:
+        """In words: "a whole number from 1 to 4,096"."""
+        kind = "a whole number" if self.whole else "a number"
+        return f"{kind} from {self.lo:,g} to {self.hi:,}" if self.whole else f"{kind} from {self.lo:g} to {self.hi:g}"
+
+    def json_schema(self) -> dict:
+        return {"type": "integer" if self.whole else "number", "minimum": self.lo, "maximum": self.hi}
+
+
+BOUNDS = {
+    "gamma": Bound(True, 1, MAX_FIXED_GAMMA),  # or "auto"
+    "max_new_tokens": Bound(True, 1, MAX_NEW_TOKENS),
+    "temperature": Bound(False, 0.0, 5.0),  # 0 = greedy
+    "seed": Bound(True, 0, SEED_MAX),
+    "accept": Bound(False, 0.0, 1.0),
+    "escalate": Bound(False, 0.0, 1.0),  # and at most accept
+    "draft_stop": Bound(False, 0.0, 1.0),
+    "lookup_ngram": Bound(True, 1, 16),
+    "lookup_tokens": Bound(True, 1, MAX_FIXED_GAMMA),
+}
 
 
 @dataclass(frozen=True)
@@ -68,25 +108,17 @@ class DecodeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
                 raise ValueError(f"{name} must be a number, got {value!r}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be from 1 to {MAX_NEW_TOKENS}, got {self.max_new_tokens!r}")
-        if not 0 <= self.seed < 2**63:
-            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
-        if not 0.0 <= self.temperature <= 5.0:
-            raise ValueError(f"temperature must lie in [0, 5] (0 = greedy), got {self.temperature!r}")
+        for name in ("max_new_tokens", "seed", "temperature", "draft_stop", "lookup_ngram", "lookup_tokens"):
+            if not BOUNDS[name].allows(getattr(self, name)):
+                raise ValueError(f"{name} must be {BOUNDS[name].allowed}, got {getattr(self, name)!r}")
         if 0.0 < self.temperature < MIN_TEMPERATURE:
             raise ValueError(f"temperature={self.temperature!r} is so small that logits overflow: use 0 for greedy "
                              f"decoding or at least {MIN_TEMPERATURE}")
-        if not 0.0 <= self.draft_stop <= 1.0:
-            raise ValueError(f"draft_stop must lie in [0, 1] (0 = always draft gamma tokens), got {self.draft_stop!r}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p!r}")
         if self.max_unverified < 0:
             raise ValueError(f"max_unverified must be 0 (no bound) or a positive number of tokens, "
                              f"got {self.max_unverified!r}")
-        if not 1 <= self.lookup_ngram <= 16 or not 1 <= self.lookup_tokens <= MAX_FIXED_GAMMA:
-            raise ValueError(f"lookup_ngram must be from 1 to 16 and lookup_tokens from 1 to {MAX_FIXED_GAMMA}, got "
-                             f"{self.lookup_ngram!r} and {self.lookup_tokens!r}")
         if self.exit_layer < 0:
             raise ValueError(f"exit_layer must be 0 (half the verifier's layers) or a layer count, got {self.exit_layer!r}")
         if self.slim_cache not in ("own", "full"):

@@ -21,6 +21,8 @@ import re
 
 import numpy as np
 
+from .config import BOUNDS
+
 SCHEMA = "via-sd-trace/1"
 METHODS = ("ar", "sd", "via")
 TIERS = ("draft", "slim", "full")
@@ -173,6 +175,12 @@ def _number(path, v, lo=0.0, hi=float(MAX_INT), integer=False, optional=False):
         _fail(path, f"must be {kind}{bounds}" + (" or null" if optional else ""), v)
 
 
+def _bound(path, v, name, optional=False):
+    """A setting `DecodeConfig` takes: the bounds it was made within (`config.BOUNDS`)."""
+    bound = BOUNDS[name]
+    _number(path, v, bound.lo, bound.hi, integer=bound.whole, optional=optional)
+
+
 def _count(path, v, hi=MAX_INT, optional=False):
     _number(path, v, 0, hi, integer=True, optional=optional)
 
@@ -301,15 +309,16 @@ def _call(path, v):
 def _config(path, v):
     _object(path, v)
     _fields(path, v, {"gamma": _gamma, "max_new_tokens": lambda p, x: _count(p, x, MAX_ITEMS),
-                      "temperature": lambda p, x: _number(p, x, 0.0, 100.0),
-                      "top_p": lambda p, x: _prob(p, x), "seed": lambda p, x: _count(p, x, optional=True),
+                      "temperature": lambda p, x: _bound(p, x, "temperature"),
+                      "top_p": lambda p, x: _prob(p, x), "seed": lambda p, x: _bound(p, x, "seed", optional=True),
                       "thresholds": _thresholds, "draft_stop": lambda p, x: _prob(p, x),
                       "chat": lambda p, x: _flag(p, x), "progressive": lambda p, x: _flag(p, x),
                       "max_unverified": lambda p, x: _count(p, x, MAX_ITEMS),
                       "slim_cache": lambda p, x: _choice(p, x, ("own", "full")),
                       "reuse_opening": lambda p, x: _flag(p, x),
                       "drafter": lambda p, x: _choice(p, x, DRAFTER_KINDS),
-                      "lookup_ngram": lambda p, x: _count(p, x, 64), "lookup_tokens": lambda p, x: _count(p, x, 64),
+                      "lookup_ngram": lambda p, x: _bound(p, x, "lookup_ngram"),
+                      "lookup_tokens": lambda p, x: _bound(p, x, "lookup_tokens"),
                       "exit_layer": lambda p, x: _count(p, x, 4096)}, 1)
 
 
