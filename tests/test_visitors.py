@@ -297,3 +297,58 @@ def test_race_speed_and_preset_accept_their_choices_and_name_the_rest(server):
         client.predict("3", api_name="/race")
     with pytest.raises(Exception, match="preset must be one of"):
         client.predict(None, api_name="/load_preset")
+
+
+HOSTILE = [None, True, False, "", " ", "abc", "yes", "0.5", -1, 0, 1, 1.5, 2**70, -1e300, 1e300, [], {}, [1, 2],
+           {"a": [[[]]]}, "\u202e\u0000", "💥" * 50, '<img src=x onerror="window.__x=1">', "x" * 10_000,
+           "[" * 5_000, '"' + '\\"' * 5_000]
+
+
+def test_a_fuzz_of_hostile_inputs_gets_named_refusals_or_results_and_the_app_keeps_answering(server, long_trace):
+    """A few hundred hostile inputs (types, ranges, unicode, huge and deep payloads) against /compare,
+    /what_if_estimate, /race and /learn: each answer is a result or a refusal that names the field, none takes
+    more than a few seconds, and a normal /compare runs after every batch."""
+    import random
+
+    rng = random.Random(36)
+    client = Client(server, verbose=False)
+    trace = json.loads(long_trace.read_text(encoding="utf-8"))
+    trace["rounds"], trace["tokens"] = trace["rounds"][:20], trace["tokens"][:60]
+    counts = {"refused": 0, "answered": 0}
+    slowest = 0.0
+
+    def call(api_name, args, fields):
+        nonlocal slowest
+        start = time.perf_counter()
+        try:
+            out = client.predict(*args, api_name=api_name)
+            counts["answered"] += 1
+            if api_name == "/compare":
+                assert out["status"] == "done", out["message"]
+        except Exception as err:  # a refusal: it names one of the fields it was given
+            message = str(err)
+            assert any(f in message for f in fields), f"{api_name} {fields}: {message[:300]}"
+            counts["refused"] += 1
+        slowest = max(slowest, time.perf_counter() - start)
+        assert time.perf_counter() - start < 5, f"{api_name} {fields} took {time.perf_counter() - start:.1f} s"
+
+    for batch in range(3):
+        for _ in range(40):
+            fields = rng.sample([f for f in COMPARE if f != "max_new_tokens"], rng.choice((1, 1, 2)))
+            values = {f: rng.choice(HOSTILE) for f in fields}
+            names = {"preset": ("preset",), "prompt": ("prompt",)}
+            words = [w for f in fields for w in names.get(f, (f,))]
+            call("/compare", list({**COMPARE, "max_new_tokens": 4, **values}.values()), words)
+        for _ in range(20):
+            mutated = json.loads(json.dumps(trace))
+            where = rng.choice(["summary", "config", "tokens", "rounds", "models", "schema", "method", "prompt"])
+            mutated[where] = rng.choice(HOSTILE)
+            text = rng.choice([json.dumps(mutated), rng.choice(HOSTILE)])
+            call("/what_if_estimate", [text, 0.6, 0.2, "slim"], ["trace", "not JSON", "No trace"])
+            call("/what_if_estimate", [json.dumps(trace), rng.choice(HOSTILE), 0.2, "slim"], ["accept", "escalate"])
+        for _ in range(10):
+            call("/race", [rng.choice(HOSTILE)], ["race speed"])
+            call("/learn", [rng.choice(HOSTILE)], ["round"])
+        assert client.predict(*COMPARE.values(), api_name="/compare")["status"] == "done", f"after batch {batch}"
+    print(f"fuzz: {counts['refused']} refused by name, {counts['answered']} answered, slowest {slowest:.2f} s")
+    assert counts["refused"] > 150
