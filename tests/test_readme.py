@@ -83,3 +83,14 @@ def test_every_python_block_is_one_the_api_tests_run():
     assert python and all(section == "From code" for section, _ in python)
     api_tests = (ROOT / "tests" / "test_app_api.py").read_text(encoding="utf-8")
     assert 'readme_snippet("gradio_client")' in api_tests and 'readme_snippet("load_pair")' in api_tests
+
+
+def test_the_readme_colour_key_is_the_palette():
+    """The README's key names each token label with the colour the app draws it in (viz/palette.py), every label
+    once: a colour changed on one side fails here."""
+    from viz.palette import OKABE_ITO, TIER_COLORS
+
+    section = README.split("## What you see", 1)[1].split("\n## ", 1)[0]
+    key = {label: colour for colour, label in re.findall(r"([a-z]+(?: [a-z]+)?) \*([^*]+)\*", " ".join(section.split()))}
+    colour_names = {hex_: name.replace("_", " ") for name, hex_ in OKABE_ITO.items()}
+    assert key == {label: colour_names[hex_] for label, hex_ in TIER_COLORS.items()}
