@@ -21,14 +21,22 @@ def record_setup(profile) -> None:
     (cache_root() / "lowbit-kernels.json").unlink(missing_ok=True)  # an older version's timed kernel table
 
 
+def report_kernel() -> None:
+    """Builds the low-bit kernel here once (a C++ extension) and says which kernel runs, or why torch's do."""
+    from ..weights.linears import kernel_rule
+    from ..weights.lowbit_kernel import build_error
+
+    print(f"low-bit kernel: {kernel_rule()}")
+    if build_error():
+        print("  the compiler's full output is logged above; fix its first error and run the set-up again")
+
+
 def cmd_setup(args) -> int:
     from ..weights.embedded import embedded_model_dirs
 
     drafter_dir, verifier_dir = embedded_model_dirs()
     print(f"embedded pair ready:\n  drafter  {drafter_dir}\n  verifier {verifier_dir}")
-    from ..weights.linears import kernel_rule
-
-    print(f"low-bit kernel: {kernel_rule()}")  # built here once (a C++ extension), else torch's
+    report_kernel()
     from ..weights.settings import int4_available
 
     if int4_available():

@@ -11,15 +11,18 @@ VIA_SD_KERNEL=torch, the linears keep torch's own int4 / int8 kernels (linears.p
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
+import logging
 import os
+import platform
+import shutil
 import threading
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 
 from .paths import cache_root
 
@@ -27,6 +30,7 @@ SOURCE = Path(__file__).with_name("lowbit_kernel.cpp")
 ISAS = {0: "generic", 1: "AVX2", 2: "AVX-512 VNNI"}
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]  # at::parallel_for is OpenMP
 
+log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _state: dict = {}
 _off: ContextVar[bool] = ContextVar("via_sd_lowbit_off", default=False)
@@ -42,29 +46,57 @@ def _build():
     from torch.utils import cpp_extension
 
     folder = build_dir()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / "build.lock", "w") as lock:  # processes building at once wait for the first
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(folder.parent / "build.lock"):  # processes building at once wait for the first
+        for old in folder.parent.iterdir():  # one build kept: older sources' and torch versions' go
+            if old.is_dir() and old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+                log.info("removed the old kernel build %s", old)
+        folder.mkdir(exist_ok=True)
+        baton = folder / "lock"  # torch's own build lock: under ours, only a build killed midway leaves it
+        if baton.exists():
+            baton.unlink()
+            log.warning("removed a stale build lock %s, left by a build that was stopped midway", baton)
         return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE)], extra_cflags=FLAGS,
                                   extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
+
+
+def _failure(error: Exception) -> str:
+    """Why the build failed, in one line: the compiler's first error, else the exception's last line."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    first = next((line for line in lines if "error:" in line or "not found" in line), lines[-1])  # gcc, ninja, sh
+    log.warning("the low-bit kernel did not build: %s\n%s", first, error)  # the full output, for whoever fixes it
+    return (f"the kernel did not build ({first[:400]}); torch's kernels compute other bits, so tokens differ from "
+            "the kernel's")
 
 
 def module():
     """The built extension, or None (and `why_not()` says why)."""
     with _lock:
         if "module" not in _state:
-            _state["module"], _state["why"] = None, None
+            _state["module"], _state["why"], _state["error"] = None, None, None
             if os.environ.get("VIA_SD_KERNEL", "") == "torch":
                 _state["why"] = "VIA_SD_KERNEL=torch"
-            elif torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-                _state["why"] = f"not an x86 CPU with AVX2 ({torch.backends.cpu.get_cpu_capability()})"
+            elif platform.machine().lower() not in ("x86_64", "amd64"):
+                _state["why"] = f"not an x86 CPU ({platform.machine()})"
             else:
                 try:
-                    _state["module"] = _build()
-                    _state["isa"] = _state["module"].best_isa()  # asked once: every matmul runs with it
+                    kernel = _build()
                 except Exception as error:  # no compiler, no ninja, a read-only cache: torch's kernels serve
-                    _state["why"] = f"the kernel did not build: {str(error).strip().splitlines()[-1][:200]}"
+                    _state["why"] = _state["error"] = _failure(error)
+                else:
+                    # the CPU's own instructions: ATen's capability follows ATEN_CPU_CAPABILITY, a user's pin
+                    if kernel.best_isa() == 0:
+                        _state["why"] = "this x86 CPU has no AVX2 + FMA"
+                    else:
+                        _state["module"], _state["isa"] = kernel, kernel.best_isa()  # asked once: every matmul
         return _state["module"]
+
+
+def build_error() -> str | None:
+    """Why the kernel failed to build (its compiler's first error), or None when it built or was not tried."""
+    module()
+    return _state["error"]
 
 
 def available() -> bool:
