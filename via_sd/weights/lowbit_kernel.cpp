@@ -65,13 +65,14 @@ Activations quantize(const float* x, int64_t M, int64_t K) {
       for (int64_t g = 0; g < a.G; ++g) {
         const float* v = x + r * K + g * GROUP;
         float amax = 0.f;
-        for (int j = 0; j < GROUP; ++j) amax = std::fmax(amax, std::fabs(v[j]));
+        bool finite = true;
+        for (int j = 0; j < GROUP; ++j) amax = std::fmax(amax, std::fabs(v[j])), finite &= std::isfinite(v[j]);
         float id = amax > 0.f ? 127.f / amax : 0.f, sa = amax / 127.f;
-        if (!std::isfinite(amax)) id = 0.f, sa = NAN;
+        if (!finite) id = 0.f, sa = NAN;  // NaN or inf in: the row's outputs are NaN (through sa and b)
         int8_t* q = a.q.data() + r * K + g * GROUP;
         int32_t sum = 0;
         for (int j = 0; j < GROUP; ++j) {
-          float t = std::nearbyint(v[j] * id);
+          float t = finite ? std::nearbyint(v[j] * id) : 0.f;  // casting a NaN to int8 is undefined
           q[j] = int8_t(t > 127.f ? 127.f : (t < -127.f ? -127.f : t));
           sum += q[j];
         }
