@@ -338,7 +338,7 @@ def test_fused_qkv_and_gate_up_give_the_separate_layers_outputs_bit_for_bit():
         outputs.append([read, *steps, extend])
     assert all(torch.equal(a, b) for a, b in zip(*outputs))
     part = attn.q_proj.fused
-    assert part._x is None and part._y is None  # no activations held between passes
+    assert not part._calls  # no activations held between passes
 
 
 def test_rescored_head_never_returns_a_token_it_did_not_rescore():

@@ -3,13 +3,16 @@
 gpt-fast fuses `wqkv` and `w1`/`w3` in the checkpoint; here the model's own modules stay where
 transformers calls them: each of q_proj, k_proj, v_proj becomes a `FusedPart` of one `FusedInt4`,
 whose stacked Int4Linear runs once for the input the first part is given, and the others are served
-slices of that output (the same tensor object in means the same rows; anything else is recomputed).
+slices of that output (the same tensor object in means the same rows; anything else is recomputed), each
+thread its own: threads running one model at once never read each other's output.
 torch's int4 kernel computes every output feature on its own, so the slices are bit for bit what
 the separate layers give (tests/test_lowbit.py). Small matrices run far below the bandwidth large
 ones reach, so one call instead of three (or two) is cheaper: measured in scripts/weights_passes.py.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 from torch import nn
@@ -27,17 +30,20 @@ class FusedInt4(nn.Module):
         self.layer = Int4Linear.stacked(parts)
         ends = torch.tensor([p.out_features for p in parts]).cumsum(0).tolist()
         self.bounds = list(zip([0, *ends[:-1]], ends))
-        self._x, self._y, self._served = None, None, set()
+        self._calls: dict = {}  # thread id -> (input, output, parts served); a threading.local cannot be deep-copied
 
     def part(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        if x is not self._x or i in self._served:
-            self._x, self._y, self._served = x, self.layer(x), set()
-        self._served.add(i)
+        thread = threading.get_ident()
+        seen, y, served = self._calls.get(thread, (None, None, set()))
+        if x is not seen or i in served:
+            y, served = self.layer(x), set()
+        served.add(i)
+        if len(served) == len(self.bounds):  # every part served: hold no activations
+            self._calls.pop(thread, None)
+        else:
+            self._calls[thread] = (x, y, served)
         lo, hi = self.bounds[i]
-        y = self._y[..., lo:hi]
-        if len(self._served) == len(self.bounds):  # every part served: hold no activations
-            self._x, self._y = None, None
-        return y
+        return y[..., lo:hi]
 
 
 class FusedPart(nn.Module):
