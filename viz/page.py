@@ -157,9 +157,11 @@ def pair_line(device: str, dtype: str, weights: str, drafter: str, verifier: str
 
 
 def loading_html(preset: str, fraction: float, message: str) -> str:
+    """The load's one line: a bar that only rises and the step it is on (`studio.loading`)."""
     return (f'<div class="via-load" data-state="loading"><progress value="{fraction:.3f}" max="1"></progress> '
-            f'loading <b>{esc(preset)}</b> {fraction:.0%} · {esc(message or "starting")}'
-            f'<br><small>the page works meanwhile; a Run waits for the models</small></div>')
+            f'loading <b>{esc(preset)}</b> <span class="via-load-pct">{fraction:.0%}</span> · '
+            f'<span class="via-load-step">{esc(message or "starting")}</span>'
+            f'<br><small>the recorded run below works meanwhile; a Run waits for the models</small></div>')
 
 
 def warning_line(message: str) -> str:
