@@ -6,7 +6,7 @@ for every model (a cache object that concatenates on every update, mask building
 dtype round trips, hooks). On the embedded 0.5B drafter that machinery was about a third of a step
 (`scripts/weights_passes.py --drafter`, torch.profiler: 970 int4 calls were 67% of the CPU time of ten
 steps). Here a layer is ~25 tensor operations: RMSNorm (torch.rms_norm), the fused q/k/v matmul, rotary
-embedding, a write into the cache buffers, one SDPA call with grouped-query heads, o_proj, RMSNorm, the
+embedding, a write into the cache buffers, one fixed-order attention call (row_attention.py), o_proj, RMSNorm, the
 fused gate/up matmul, SiLU-gate, down_proj.
 
 Only the drafter runs here. The drafter proposes and the verifier decides every token, so how the
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .fused import FusedPart
 from .heads import HeadContext, using_context
-from .row_attention import extending
+from .row_attention import extending, fixed_order_attention
 
 ARCHITECTURES = ("llama", "qwen2")
 FIRST_CAPACITY = 256  # cache rows allocated at first; doubled whenever a pass needs more
@@ -142,10 +142,12 @@ class LeanDecoder:
             q = _rotate(q.view(1, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
             keys[:, :, start:end] = _rotate(k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
             values[:, :, start:end] = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            a = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                               is_causal=causal, scale=layer.scaling,
-                                               enable_gqa=self.kv_heads != self.heads)
-            x = x + layer.o(a.transpose(1, 2).reshape(1, n, self.heads * self.head_dim))
+            a = fixed_order_attention(q, keys[:, :, :end], values[:, :, :end], layer.scaling, layer.o)
+            if a is None:  # weights not on the project's kernel: torch's SDPA
+                a = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
+                                                   is_causal=causal, scale=layer.scaling,
+                                                   enable_gqa=self.kv_heads != self.heads).transpose(1, 2)
+            x = x + layer.o(a.reshape(1, n, self.heads * self.head_dim))
             gate, up = layer.gate_up(_rms(layer.norm2, x))
             x = x + layer.down(layer.act(gate) * up)
         return x

@@ -35,8 +35,9 @@ def kernel_rule(model: nn.Module | None = None) -> str:
     (torch's kernels: torch's version and the CPU capability)."""
     layouts = {m.layout for m in model.modules() if hasattr(m, "layout")} if model is not None else set()
     if "tiles" in layouts or (not layouts and use_tiles()):
-        return f"via_sd q8-activation int4/int8 kernel, {lowbit_kernel.ISAS[lowbit_kernel.isa()]} " \
-               "(same bits on every x86 path)"
+        isa, aten = lowbit_kernel.ISAS[lowbit_kernel.isa()], torch.backends.cpu.get_cpu_capability()
+        return f"via_sd q8-activation int4/int8 kernel and fixed-order attention, {isa}; ATen {aten} " \
+               "(same bits on every x86-64 with AVX2)"
     why = lowbit_kernel.why_not() or "layers built with lowbit_kernel.off()"
     return f"torch's int4/int8 kernels ({why}; torch {torch.__version__}, {torch.backends.cpu.get_cpu_capability()})"
 

@@ -323,7 +323,10 @@ torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
 
 }  // namespace
 
+torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa);  // attention.cpp
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
   m.def("int4_mm", &int4_mm, "y = x @ W.T, W int4 in tiles of 16 outputs (see the header)");
   m.def("int8_mm", &int8_mm, "y = x @ W.T, W int8 per channel in tiles of 16 outputs (see the header)");
   m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");

@@ -6,7 +6,8 @@ are read once per call whatever the number of rows: a pass over 8 rows costs far
 one row reads the weights at close to memory speed. The arithmetic is defined once (the .cpp's header) and the
 AVX-512 VNNI, AVX2 and generic paths follow it to the bit, so a prompt gives the same numbers on every x86 CPU,
 and each row of a call the bits it gets alone. Where the build fails (no compiler, another architecture) or
-VIA_SD_KERNEL=torch, the linears keep torch's own int4 / int8 kernels (linears.py), and the trace says so.
+VIA_SD_KERNEL=torch, the linears keep torch's own int4 / int8 kernels (linears.py), and the trace says so;
+VIA_SD_KERNEL=generic|avx2|avx512 runs the kernel on that path (the same bits: how a test sees another CPU).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from filelock import FileLock
 from .paths import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_kernel.cpp")
+ATTENTION = Path(__file__).with_name("attention.cpp")  # the fixed-order causal attention, in the same module
 ISAS = {0: "generic", 1: "AVX2", 2: "AVX-512 VNNI"}
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]  # at::parallel_for is OpenMP
 
@@ -38,7 +40,8 @@ _off: ContextVar[bool] = ContextVar("via_sd_lowbit_off", default=False)
 
 def build_dir() -> Path:
     """One folder per source, flags and torch version, under the cache."""
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
+    code = SOURCE.read_bytes() + ATTENTION.read_bytes()
+    key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
     return cache_root() / "kernels" / key
 
 
@@ -57,7 +60,8 @@ def _build():
         if baton.exists():
             baton.unlink()
             log.warning("removed a stale build lock %s, left by a build that was stopped midway", baton)
-        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE)], extra_cflags=FLAGS,
+        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE), str(ATTENTION)],
+                                  extra_cflags=FLAGS,
                                   extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
 
@@ -89,8 +93,15 @@ def module():
                     if kernel.best_isa() == 0:
                         _state["why"] = "this x86 CPU has no AVX2 + FMA"
                     else:
-                        _state["module"], _state["isa"] = kernel, kernel.best_isa()  # asked once: every matmul
+                        _state["module"], _state["isa"] = kernel, _path(kernel.best_isa())  # asked once: every matmul
         return _state["module"]
+
+
+def _path(best: int) -> int:
+    """The path every call runs: the CPU's best, or a narrower one named by VIA_SD_KERNEL=generic|avx2|avx512 (the
+    same bits by construction; tests force each)."""
+    forced = {"generic": 0, "avx2": 1, "avx512": 2}.get(os.environ.get("VIA_SD_KERNEL", ""), best)
+    return min(forced, best)
 
 
 def build_error() -> str | None:
@@ -141,3 +152,14 @@ def int8_mm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, path: int
     [N])."""
     kernel = _loaded()
     return kernel.int8_mm(x, codes, scale, _state["isa"] if path is None else path)
+
+
+def has_attention() -> bool:
+    """Is the fixed-order attention (attention.cpp) loaded? (Not switched by off(): it changes no layer.)"""
+    return _state.get("module") is not None
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of q [B, H, R, D] over k, v [B, KH, T, D] (row i sees keys 0 .. T - R + i), in one fixed
+    order of arithmetic; [B, R, H, D]. The AVX-512 machines run its AVX2 path (the same bits)."""
+    return _loaded().causal_attention(q, k, v, scale, min(_state["isa"], 1))

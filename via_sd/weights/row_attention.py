@@ -1,4 +1,10 @@
-"""Batch-invariant attention for verification passes: each new token attends exactly as a one-token step.
+"""Attention for every pass of the verifier: each new token attends exactly as a one-token step, in the same bits on
+every x86 machine.
+
+With low-bit weights on the project's kernel every pass runs its fixed-order causal attention (attention.cpp,
+through lowbit_kernel): each row computes alone, in one order of arithmetic, without MKL (whose sgemm, under
+torch's SDPA, picked other code on AMD than on Intel). Elsewhere (CUDA, fp32 or bf16 weights, a mask that is not
+plainly causal, a soft cap, no kernel) the SDPA path below keeps the batch invariance:
 
 Greedy SD equals greedy AR only if a pass over k new tokens gives, for every one of them, the very
 logits k one-token steps give. With fp32 weights the differences a batch makes are ~1e-7 and never
@@ -27,6 +33,8 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from . import lowbit_kernel
 
 NAME = "via_sd_rows"
 # True while a forward extends a KV cache (a verification pass or a catch-up; not the prompt read): such a pass
@@ -70,8 +78,33 @@ def _row_mask(mask: torch.Tensor | None, row: int, seen: int) -> torch.Tensor | 
     return None if _trivial(mask) else mask.contiguous()
 
 
+def _causal(mask: torch.Tensor | None, rows: int, keys: int) -> bool:
+    """Does `mask` let row i see exactly keys 0 .. keys - rows + i (None: SDPA's own causal or full rule)?"""
+    if mask is None:
+        return True
+    seen = torch.arange(keys, device=mask.device) <= torch.arange(keys - rows, keys, device=mask.device)[:, None]
+    allowed = mask if mask.dtype == torch.bool else mask == 0
+    return allowed.shape[-2:] == seen.shape and bool((allowed == seen).all())
+
+
+def fixed_order_attention(query, key, value, scale: float, linear, mask=None, **extra) -> torch.Tensor | None:
+    """[batch, rows, heads, head_dim] from the fixed-order kernel, or None where it does not apply (then SDPA).
+    It serves layers whose linears run the project's kernel (`linear`: one of them): the rest of such a forward
+    is machine-independent too (fp32 and bf16 weights take torch's matmuls, MKL's on CPU)."""
+    if getattr(linear, "layout", None) != "tiles" or query.dtype != torch.float32 or not lowbit_kernel.has_attention() \
+            or any(extra.get(k) for k in ("dropout", "softcap", "s_aux")) \
+            or not _causal(mask, query.shape[2], key.shape[2]):
+        return None
+    return lowbit_kernel.causal_attention(query, key, value, scale)
+
+
 def row_attention(module, query, key, value, attention_mask, **kwargs):
-    """SDPA, one query row at a time when the pass extends a cache (see the module docstring)."""
+    """Fixed-order attention on CPU; else SDPA, one query row at a time when the pass extends a cache (see the
+    module docstring)."""
+    fixed = fixed_order_attention(query, key, value, kwargs.get("scaling") or module.scaling,
+                                  getattr(module, "o_proj", None), attention_mask, **kwargs)
+    if fixed is not None:
+        return fixed, None
     rows, keys = query.shape[2], key.shape[2]
     past = keys - rows
     if past == 0 or not EXTENDING.get():  # the prompt read (from an empty cache, or after a cached opening)

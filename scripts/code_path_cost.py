@@ -1,0 +1,113 @@
+"""What the machine-independent forward costs: a verifier step, a prompt read and a drafter step, with ATen pinned
+to AVX2 and the fixed-order attention (as decoding runs) against ATen's own choice and torch's SDPA (as before).
+
+    flock /tmp/via-sd-heavy.lock .venv/bin/python scripts/code_path_cost.py --preset embedded --rounds 3
+
+ATen's code path is fixed per process, so each round runs two child processes, pinned and native
+(VIA_SD_ATEN=native), in rotating order; inside each the attention alternates between the kernel's and SDPA
+step by step. Printed: median milliseconds per setting, and today -> invariant as a paired ratio (median of the
+rounds' ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def child(preset: str, steps: int, context: int) -> dict:
+    """In this process (one ATen path): ms per verifier step, prompt read and drafter step, each attention."""
+    import torch
+    from transformers import DynamicCache
+
+    from via_sd import load_pair
+    from via_sd.weights import lowbit_kernel
+    from via_sd.weights.lean_forward import LeanDecoder, supports
+
+    pair = load_pair(preset)
+    vocab = pair.verifier.config.vocab_size
+    ids = torch.randint(min(100, vocab // 2), min(vocab, 20000), (1, context + steps),
+                        generator=torch.Generator().manual_seed(0))
+    fixed = lowbit_kernel.has_attention
+
+    def timed(fn) -> float:
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1000
+
+    @torch.inference_mode()
+    def verifier_steps() -> list[float]:
+        cache = DynamicCache()
+        pair.verifier(ids[:, :context], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return [timed(lambda i=i: pair.verifier(ids[:, context + i:context + i + 1], past_key_values=cache,
+                                                use_cache=True, logits_to_keep=1)) for i in range(steps)]
+
+    @torch.inference_mode()
+    def prompt_read() -> list[float]:
+        return [timed(lambda: pair.verifier(ids[:, :context], use_cache=True, logits_to_keep=1))]
+
+    def drafter_steps() -> list[float]:
+        if not supports(pair.drafter):
+            return []
+        lean = LeanDecoder(pair.drafter, pair.drafter.config.vocab_size, torch.device("cpu"), torch.device("cpu"))
+        seq = ids[0].tolist()
+        lean.logits(seq, context, 1)
+        return [timed(lambda i=i: lean.logits(seq, context + i + 1, 1)) for i in range(steps)]
+
+    times: dict[str, list[float]] = {}
+    for repeat in range(2):
+        for attention in (("fixed", "sdpa") if repeat % 2 == 0 else ("sdpa", "fixed")):
+            lowbit_kernel.has_attention = fixed if attention == "fixed" else (lambda: False)
+            for part, run in (("verifier step", verifier_steps), ("prompt read", prompt_read),
+                              ("drafter step", drafter_steps)):
+                times.setdefault(f"{part} {attention}", []).extend(run()[1:] if part != "prompt read" else run())
+    lowbit_kernel.has_attention = fixed
+    return {key: statistics.median(v) for key, v in times.items() if v} | \
+        {"aten": torch.backends.cpu.get_cpu_capability()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="embedded")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=12, help="one-token steps per setting and repeat")
+    parser.add_argument("--context", type=int, default=200,
+                        help="tokens cached before the steps; the prompt read's length")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.preset, args.steps, args.context)))
+        return
+    rounds = []
+    for r in range(args.rounds):
+        row = {}
+        for aten in (("pinned", "native") if r % 2 == 0 else ("native", "pinned")):
+            env = dict(os.environ, VIA_SD_ATEN="native" if aten == "native" else "")
+            out = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--steps",
+                                  str(args.steps), "--context", str(args.context)], env=env, capture_output=True,
+                                 text=True, check=True)
+            row[aten] = json.loads(out.stdout.strip().splitlines()[-1])
+        rounds.append(row)
+        print(f"round {r + 1}: " + json.dumps(row), flush=True)
+    print(f"\n{'ms (median of rounds)':<24}{'today: native+SDPA':>20}{'invariant: AVX2+fixed':>24}{'ratio':>8}")
+    for part in ("verifier step", "prompt read", "drafter step"):
+        if f"{part} fixed" not in rounds[0]["pinned"]:
+            continue
+        today = [row["native"][f"{part} sdpa"] for row in rounds]
+        new = [row["pinned"][f"{part} fixed"] for row in rounds]
+        ratio = statistics.median(n / t for n, t in zip(new, today))
+        print(f"{part:<24}{statistics.median(today):>20.2f}{statistics.median(new):>24.2f}{ratio:>8.3f}")
+    print("(ATen paths: pinned", rounds[0]["pinned"]["aten"], "native", rounds[0]["native"]["aten"] + ")")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+// Causal attention in one fixed order of arithmetic, for every CPU forward (verifier, slim verifier, drafter).
+//
+// torch's SDPA hands its products to MKL's sgemm, which picks its code by the CPU's vendor and instruction set,
+// so the same prompt gave other bits (and, at a near-tie, another token) on an AMD and an Intel machine. Here
+// every query row r of a pass over R new rows and T keys attends to keys 0 .. T - R + r (causal after a cache of
+// T - R), and each (row, head) computes exactly:
+//     s_t  = dot8(q, k_t) * scale              dot8: lane l sums q[i] * k_t[i] for i = l mod 8, in order of i;
+//                                              the lanes then add as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+//     e_t  = exp_fixed(s_t - max_t s_t)        one sequence of IEEE mul / add (below), no libm
+//     Z    = e_0 + e_1 + ... in order of t
+//     o[i] = (e_0 * v_0[i] + e_1 * v_1[i] + ... in order of t) / Z
+// The AVX2 path and the generic loop run that sequence to the bit (built with -ffp-contract=off: no fused
+// multiply-add), so a row never depends on the other rows of its pass, the thread count, the vendor or the ISA:
+// a pass over k rows gives each row the bits its one-token step gives.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr float LOG2E = 1.44269504088896341f;
+constexpr float LN2_HI = 0.693359375f;  // ln 2 in two parts (Cody-Waite): n * LN2_HI is exact for |n| < 512
+constexpr float LN2_LO = -2.12194440e-4f;
+constexpr float EXP_FLOOR = -87.0f;  // below it e^x < 2^-125: kept a normal float, far below any weight's share
+// e^r on |r| <= ln2 / 2 (Taylor to r^7: relative error < 1e-7)
+constexpr float C7 = 1.98412698e-4f, C6 = 1.38888889e-3f, C5 = 8.33333333e-3f, C4 = 4.16666667e-2f,
+                C3 = 1.66666667e-1f, C2 = 0.5f;
+
+inline float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// e^x for x <= 0; the AVX2 path's exp8 runs the same operations lane by lane.
+inline float exp_fixed(float x) {
+  x = x < EXP_FLOOR ? EXP_FLOOR : x;
+  float n = std::floor(x * LOG2E + 0.5f);
+  float r = (x - n * LN2_HI) - n * LN2_LO;
+  float p = C7;
+  p = p * r + C6;
+  p = p * r + C5;
+  p = p * r + C4;
+  p = p * r + C3;
+  p = p * r + C2;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  return p * from_bits(uint32_t(int32_t(n) + 127) << 23);
+}
+
+inline float tree8(const float* l) { return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])); }
+
+float dot_generic(const float* q, const float* k, int64_t D) {
+  float lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8)
+    for (int l = 0; l < 8; ++l) lane[l] = lane[l] + q[i + l] * k[i + l];
+  for (int l = 0; i < D; ++i, ++l) lane[l] = lane[l] + q[i] * k[i];
+  return tree8(lane);
+}
+
+void accumulate_generic(float* acc, const float* v, float e, int64_t D) {
+  for (int64_t i = 0; i < D; ++i) acc[i] = acc[i] + e * v[i];
+}
+
+void exp_generic(float* s, int64_t n, float m) {
+  for (int64_t t = 0; t < n; ++t) s[t] = exp_fixed(s[t] - m);
+}
+
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+
+AVX2_TARGET float dot_avx2(const float* q, const float* k, int64_t D) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8) acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i)));
+  alignas(32) float lane[8];
+  _mm256_store_ps(lane, acc);
+  for (int l = 0; i < D; ++i, ++l) lane[l] = lane[l] + q[i] * k[i];
+  return tree8(lane);
+}
+
+AVX2_TARGET void accumulate_avx2(float* acc, const float* v, float e, int64_t D) {
+  const __m256 ev = _mm256_set1_ps(e);
+  int64_t i = 0;
+  for (; i + 8 <= D; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(ev, _mm256_loadu_ps(v + i))));
+  for (; i < D; ++i) acc[i] = acc[i] + e * v[i];
+}
+
+AVX2_TARGET __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(EXP_FLOOR));
+  __m256 n = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(LOG2E)), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_sub_ps(_mm256_sub_ps(x, _mm256_mul_ps(n, _mm256_set1_ps(LN2_HI))),
+                           _mm256_mul_ps(n, _mm256_set1_ps(LN2_LO)));
+  __m256 p = _mm256_set1_ps(C7);
+  for (float c : {C6, C5, C4, C3, C2, 1.0f, 1.0f}) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(c));
+  __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+AVX2_TARGET void exp_avx2(float* s, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  int64_t t = 0;
+  for (; t + 8 <= n; t += 8) _mm256_storeu_ps(s + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv)));
+  for (; t < n; ++t) s[t] = exp_fixed(s[t] - m);
+}
+
+struct View {  // a [B, H, T, D] tensor with a contiguous last dimension
+  const float* data;
+  int64_t sb, sh, st;
+  explicit View(const torch::Tensor& x)
+      : data(x.data_ptr<float>()), sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
+  const float* at(int64_t b, int64_t h, int64_t t) const { return data + b * sb + h * sh + t * st; }
+};
+
+}  // namespace
+
+torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be [batch, heads, rows, head_dim]");
+  TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
+                  v.scalar_type() == torch::kFloat, "q, k, v must be float32");
+  TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "head_dim must be contiguous");
+  const int64_t B = q.size(0), H = q.size(1), R = q.size(2), D = q.size(3), KH = k.size(1), T = k.size(2);
+  TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && H % KH == 0 && T >= R,
+              "k and v must be [batch, kv_heads, keys >= rows, head_dim] with heads a multiple of kv_heads");
+  auto out = torch::empty({B, R, H, D}, q.options());
+  const View Q(q), K(k), V(v);
+  float* o = out.data_ptr<float>();
+  const float sc = float(scale);
+  const bool avx2 = isa >= 1;
+  const int64_t items = B * H * R, past = T - R;
+  const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, T * D));
+  at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
+    std::vector<float> s(T);
+    for (int64_t item = i0; item < i1; ++item) {
+      const int64_t r = item % R, h = (item / R) % H, b = item / (R * H), kh = h / (H / KH), n = past + r + 1;
+      const float* qr = Q.at(b, h, r);
+      for (int64_t t = 0; t < n; ++t) s[t] = (avx2 ? dot_avx2(qr, K.at(b, kh, t), D) : dot_generic(qr, K.at(b, kh, t), D)) * sc;
+      float m = s[0];
+      for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
+      if (avx2) exp_avx2(s.data(), n, m); else exp_generic(s.data(), n, m);
+      float z = 0.0f;
+      for (int64_t t = 0; t < n; ++t) z = z + s[t];
+      float* acc = o + ((b * R + r) * H + h) * D;
+      std::fill(acc, acc + D, 0.0f);
+      for (int64_t t = 0; t < n; ++t) {
+        if (avx2) accumulate_avx2(acc, V.at(b, kh, t), s[t], D); else accumulate_generic(acc, V.at(b, kh, t), s[t], D);
+      }
+      for (int64_t i = 0; i < D; ++i) acc[i] = acc[i] / z;
+    }
+  });
+  return out;
+}
