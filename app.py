@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from studio import api, costs, lab, layout, memory, runs, views
+from studio import api, costs, lab, layout, memory, recorded, runs, views
 from studio.downloads import forget_session
 from studio.lab import CUSTOM
 from studio.layout import DEFAULTS  # noqa: F401  (the values the controls start at, for scripts)
@@ -61,12 +61,13 @@ def example_prompts() -> tuple[list[list[str]], list[str]]:
 def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
     """The page: its layout in reading order (`studio.layout`, one builder per area), then the event wiring."""
     MODELS.served = preset
+    opening = recorded.opening()  # a real run of the embedded pair, shown before any model has loaded
     memory.return_large_blocks()  # a closed session's memory goes back to the system (studio.memory)
     # Gradio copies every served file into its own cache: hourly, drop copies older than an hour
     with gr.Blocks(title="VIA-SD Studio", fill_width=True, delete_cache=(3600, 3600)) as demo:
-        ui = layout.merge(layout.session_state(), layout.settings_sidebar(preset),
-                          layout.prompt_area(preset, *example_prompts()), layout.panes_and_cards(), layout.tabs(),
-                          layout.api_only())
+        ui = layout.merge(layout.session_state(opening), layout.settings_sidebar(preset),
+                          layout.prompt_area(preset, *example_prompts(), opening), layout.panes_and_cards(opening),
+                          layout.tabs(opening), layout.api_only())
 
         timer = wire_session_and_models(demo, ui, preset)
         wire_runs(ui)
@@ -74,6 +75,7 @@ def build_demo(preset: str = DEFAULT_PRESET) -> gr.Blocks:
         wire_race_and_projection(ui)
         wire_searches(demo, ui, timer)
         wire_trace_and_learn(ui)
+        wire_opening(demo, ui, opening)
         wire_api(ui)
     return demo
 
@@ -216,6 +218,13 @@ def wire_trace_and_learn(ui: SimpleNamespace) -> None:
                         **LIGHT)
     ui.next_round.click(lambda k, t: views.step_round(k, 1, t), [ui.learn_round, ui.traces], [ui.learn_round],
                         **LIGHT)
+
+
+def wire_opening(demo: gr.Blocks, ui: SimpleNamespace, opening: dict | None) -> None:
+    """The recorded run the page opens on (`studio.recorded`): its panes, cards, race and learn view are in the
+    page itself; its figures, trace table and what-if follow as after any run, none of them needing a model."""
+    if opening:
+        after_run(demo.load(views.race_ready, [ui.traces, ui.race_view], [ui.race_view], **LIGHT), ui)
 
 
 def wire_api(ui: SimpleNamespace) -> None:

@@ -8,6 +8,7 @@
     runs       Run: VIA-SD, plain SD and AR streamed; fidelity afterwards
     api        the JSON endpoints for scripts and MCP: a comparison's numbers and traces, the what-if
     views      what follows a run or an upload: figures, trace table and files, learn view, race
+    recorded   the real run the page opens on (assets/recorded/), shown before any model has loaded
     lab        the threshold lab (what-if estimate, measured sweep) and the route search
     costs      "Why this speed" and "Where it would pay" (the engine's cost model, drawn by viz)
     layout     the page's components in reading order, one builder per area (no events)

@@ -14,9 +14,10 @@ import gradio as gr
 import via_sd
 import viz.page as page
 
-from . import costs, lab, views
+from . import costs, lab, recorded, views
 from .lab import DEFAULT_THRESHOLD_PRESET
 from .models import LOCK_REASON, MODELS, preset_choices, preset_locked, route_choices
+from .runs import runs_of
 
 _PAPER = via_sd.THRESHOLD_PRESETS[DEFAULT_THRESHOLD_PRESET]
 DEFAULTS = {"gamma": 0, "accept": _PAPER.accept, "escalate": _PAPER.escalate, "signal": _PAPER.signal,
@@ -37,9 +38,10 @@ def merge(*parts: SimpleNamespace) -> SimpleNamespace:
     return SimpleNamespace(**{name: c for part in parts for name, c in vars(part).items()})
 
 
-def session_state() -> SimpleNamespace:
-    """What a session keeps between events: its last run, the run the follow-up steps draw, its tickets, the theme."""
-    traces = gr.State({})  # the session's last run: {method: Trace, "ticket", "preset", "fidelity"}
+def session_state(opening: dict | None = None) -> SimpleNamespace:
+    """What a session keeps between events: its last run (at first the recorded run the page opens on,
+    `studio.recorded`), the run the follow-up steps draw, its tickets, the theme."""
+    traces = gr.State(opening or {})  # the session's last run: {method: Trace, "ticket", "preset", "fidelity"}
     settled = gr.State({})  # the run the follow-up steps draw (`runs.settle` hands it on after Done)
     run_ticket, sweep_ticket, route_ticket = gr.State(None), gr.State(None), gr.State(None)
     theme = gr.Textbox(value="light", visible="hidden", elem_id="theme", label="theme (light or dark)")
@@ -85,8 +87,10 @@ def settings_sidebar(preset: str) -> SimpleNamespace:
                            seed=seed, route=route, with_ar=with_ar, presentation=presentation, pace=pace)
 
 
-def prompt_area(preset: str, examples: list[list[str]], labels: list[str]) -> SimpleNamespace:
-    """The top of the page: the intro, the models' status, the route search, the prompt, Run and Stop."""
+def prompt_area(preset: str, examples: list[list[str]], labels: list[str],
+                opening: dict | None = None) -> SimpleNamespace:
+    """The top of the page: the intro, the models' status, the route search, the prompt (at first the recorded
+    run's, so Run decodes it live), Run and Stop."""
     # At 1280x800 the three panes are on screen after a run: the examples and the model picker fold away.
     gr.Markdown(INTRO, elem_id="intro")
     device = gr.Markdown(MODELS.status(preset), elem_id="device", label="models and device (Markdown)",
@@ -96,7 +100,8 @@ def prompt_area(preset: str, examples: list[list[str]], labels: list[str]) -> Si
         route_search_stop = gr.Button("Stop search", elem_id="route-search-stop", size="sm", variant="stop")
     with gr.Row(equal_height=False):
         with gr.Column(scale=3):
-            prompt = gr.Textbox(label="Prompt", lines=3, max_lines=12, elem_id="prompt",
+            prompt = gr.Textbox((opening or {}).get("recorded", {}).get("prompt", ""), label="Prompt", lines=3,
+                                max_lines=12, elem_id="prompt",
                                 placeholder="Ask something, or open the examples below")
             with gr.Accordion("Examples by task", open=False, elem_id="examples-fold"):
                 gr.Examples(examples, inputs=[prompt], example_labels=labels, label="Examples by task",
@@ -105,38 +110,44 @@ def prompt_area(preset: str, examples: list[list[str]], labels: list[str]) -> Si
             with gr.Row():
                 run = gr.Button("Run", variant="primary", elem_id="run")
                 stop = gr.Button("Stop", variant="stop", elem_id="stop")
-            status = gr.HTML(page.status_html("VIA-SD, plain SD and AR run one after another on the same "
-                                              "prompt, so their timings are comparable."), elem_id="status",
-                             label="status message (HTML)")
+            first = recorded.label(opening) or ("VIA-SD, plain SD and AR run one after another on the same prompt, "
+                                                "so their timings are comparable.")
+            status = gr.HTML(page.status_html(first), elem_id="status", label="status message (HTML)")
     return SimpleNamespace(device=device, route_row=route_row, route_search=route_search,
                            route_search_stop=route_search_stop, prompt=prompt, run=run, stop=stop, status=status)
 
 
-def panes_and_cards() -> SimpleNamespace:
-    """The three methods' tokens side by side, the metric cards, and the race replay."""
+def panes_and_cards(opening: dict | None = None) -> SimpleNamespace:
+    """The three methods' tokens side by side, the metric cards, and the race replay (at first: `opening`'s)."""
+    shown = opening or {}
     gr.HTML(page.legend_row_html(), elem_id="legend", js_on_load=None)
     with gr.Row(equal_height=False):
-        via_pane = gr.HTML(page.pane_html(None, "via"), elem_id="via-tokens", container=True, padding=True,
+        via_pane = gr.HTML(page.pane_html(shown.get("via"), "via"), elem_id="via-tokens", container=True,
+                           padding=True,
                            js_on_load=None, label="VIA-SD tokens (HTML)")
-        sd_pane = gr.HTML(page.pane_html(None, "sd"), elem_id="sd-tokens", container=True, padding=True,
+        sd_pane = gr.HTML(page.pane_html(shown.get("sd"), "sd"), elem_id="sd-tokens", container=True,
+                          padding=True,
                           js_on_load=None, label="plain SD tokens (HTML)")
-        ar_pane = gr.HTML(page.pane_html(None, "ar"), elem_id="ar-tokens", container=True, padding=True,
+        ar_pane = gr.HTML(page.pane_html(shown.get("ar"), "ar"), elem_id="ar-tokens", container=True,
+                          padding=True,
                           js_on_load=None, visible=DEFAULTS["with_ar"], label="AR tokens (HTML)")
-    metrics = gr.HTML(page.metrics_html({}), elem_id="metrics", js_on_load=None, label="metric cards (HTML)")
+    metrics = gr.HTML(page.metrics_html(runs_of(shown), shown.get("fidelity")), elem_id="metrics", js_on_load=None,
+                      label="metric cards (HTML)")
     with gr.Row(equal_height=True, elem_id="race-controls"):
         race = gr.Button("▶ Replay as a race", elem_id="race-replay", scale=0, min_width=220)
         race_speed = gr.Radio(list(zip(("¼×", "½×", "1×", "2×", "4×"), views.RACE_SPEEDS)), value="1",
                               label="race speed (× recorded time)", elem_id="race-speed", scale=1)
-    race_view = gr.HTML(page.RACE_HINT, elem_id="race-view", js_on_load=None, label="race frame (HTML)")
+    race_view = gr.HTML(page.race_ready_html(list(views.race_traces(shown))), elem_id="race-view", js_on_load=None,
+                        label="race frame (HTML)")
     return SimpleNamespace(via_pane=via_pane, sd_pane=sd_pane, ar_pane=ar_pane, metrics=metrics, race=race,
                            race_speed=race_speed, race_view=race_view)
 
 
-def tabs() -> SimpleNamespace:
+def tabs(opening: dict | None = None) -> SimpleNamespace:
     """The tabs under the panes, in their order on the page."""
     with gr.Tabs(elem_id="tabs"):
         return merge(why_this_speed_tab(), confidence_tab(), latency_tab(), speedup_tab(), threshold_lab_tab(),
-                     trace_tab(), learn_tab())
+                     trace_tab(), learn_tab(opening))
 
 
 def why_this_speed_tab() -> SimpleNamespace:
@@ -228,17 +239,20 @@ def trace_tab() -> SimpleNamespace:
                            upload=upload, table=table)
 
 
-def learn_tab() -> SimpleNamespace:
-    """The last run one round at a time: the drafts, the tier of each, and why."""
+def learn_tab(opening: dict | None = None) -> SimpleNamespace:
+    """The last run one round at a time: the drafts, the tier of each, and why (at first: `opening`'s)."""
+    walked = views.learn_trace(opening or {})
+    rounds = len(walked.rounds) if walked else 1
     with gr.Tab("Learn", id="tab-learn"):
         gr.Markdown("Step through the last run one round at a time: what the drafter proposed, which "
                     "tier each draft went to, and why.")
         with gr.Row():
             prev_round = gr.Button("◀ Prev", elem_id="learn-prev", scale=0)
-            learn_round = gr.Slider(1, 2, value=1, step=1, label="round", elem_id="learn-round", scale=4)
+            learn_round = gr.Slider(1, max(rounds, 2), value=1, step=1, label="round", elem_id="learn-round",
+                                    scale=4)
             learn_api_round = gr.Number(1, label="round", precision=None, visible=False)
             next_round = gr.Button("Next ▶", elem_id="learn-next", scale=0)
-        learn = gr.HTML(views.learn_view({}), elem_id="learn-view", js_on_load=None,
+        learn = gr.HTML(views.learn_view(opening or {}), elem_id="learn-view", js_on_load=None,
                         label="learn view of one round (HTML)")
     return SimpleNamespace(prev_round=prev_round, learn_round=learn_round, learn_api_round=learn_api_round,
                            next_round=next_round, learn=learn)

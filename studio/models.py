@@ -35,6 +35,7 @@ from .loading import KERNEL, LOAD, MEASURE, UNPACK, WARM, LoadProgress
 
 log = logging.getLogger("via_sd.app")
 DEFAULT_PRESET = os.environ.get("VIA_SD_PRESET", "embedded")
+HOLD_LOAD = "VIA_SD_TEST_HOLD_LOAD_S"  # for tests: each load waits this many seconds (the page before its models)
 LOCK_REASON = ("fixed on this shared deployment: every visitor uses the one loaded model, so switching would "
                "unload it for all of them (run the app on your own machine to switch)")
 PRESET_SHORT = {"embedded": "Qwen2.5-Coder 0.5B → 1.5B, offline", "gpu": "Qwen2.5 0.5B → 7B, GPU",
@@ -221,6 +222,7 @@ class Models:
                     begin(KERNEL)
                     lowbit_kernel.module()
                 begin(LOAD)
+                time.sleep(float(os.environ.get(HOLD_LOAD, "") or 0))  # tests only: a page before its models
                 pair = load_pair(preset, progress=report)
                 pick_route(pair, progress=report)  # a shipped or cached route, else the provisional rule
                 if MEASURE in line.steps:  # the cost profile gamma="auto" reads: measured once, cached

@@ -238,14 +238,16 @@ SETTLE_S = 2.0  # what follows a run waits this long after Done: a Run pressed m
 def settle(traces: dict, request: gr.Request = None) -> dict:
     """A pause after Done before the figures (seconds of CPU on 2 cores) and fidelity (a model pass or two):
     a Run pressed right after Done never shares the machine with them (measured: 2.1-2.7 s to the first
-    pending draft of that Run when they went first, 0.4-0.7 s otherwise). An upload (no request) waits not.
+    pending draft of that Run when they went first, 0.4-0.7 s otherwise). An upload or the recorded run the
+    page opens on (no ticket) waits not.
 
     Returns the run record the follow-up steps draw (they read it, not the session's `traces`, which a newer
     run overwrites while they are queued). Once a newer run was asked for, it ends the chain instead: a
     silent error, and the steps follow with `.success`, so none of them is even sent (each skipped step was a
     round trip and a re-render while the new run read its prompt)."""
     waited = 0.0
-    while request is not None and waited < SETTLE_S and is_current(traces, request):
+    ours = (traces or {}).get("ticket") is not None  # a run of this session, not an upload or the recorded run
+    while request is not None and ours and waited < SETTLE_S and is_current(traces, request):
         time.sleep(0.1)
         waited += 0.1
     if not is_current(traces, request):

@@ -165,7 +165,7 @@ def replay_upload(files):
 
 # ---- race replay ----------------------------------------------------------------------------------
 
-def _race_traces(traces: dict) -> dict:
+def race_traces(traces: dict) -> dict:
     return {m: t for m, t in runs_of(traces).items() if t.rounds}
 
 
@@ -175,7 +175,7 @@ def race_ready(traces: dict, race_view: str = "", request: gr.Request = None):
         return gr.skip()
     if not is_current(traces, request):
         return gr.skip()
-    return page.race_ready_html(list(_race_traces(traces)))
+    return page.race_ready_html(list(race_traces(traces)))
 
 
 def race_speed(speed) -> float:
@@ -193,7 +193,7 @@ def race_speed(speed) -> float:
 def race_replay(traces: dict, speed="1"):
     """Plays the recorded traces side by side in their recorded time, `speed` × faster (frames of HTML)."""
     speed = race_speed(speed)
-    runs = _race_traces(traces)
+    runs = race_traces(traces)
     if not runs:
         yield page.RACE_HINT
         return

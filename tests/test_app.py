@@ -298,7 +298,9 @@ def test_client_runs_streams_and_downloads(server, tmp_path):
     assert len(table["data"]) == 32 and open(csv_file, encoding="utf-8").readline().startswith("i,id")
 
     other = Client(server, download_files=str(tmp_path / "other"), verbose=False)
-    assert other.predict("via", api_name="/trace_files")[1] is None, "another session sees none of it"
+    theirs = other.predict("via", api_name="/trace_files")[1]  # a new session holds the recorded opening run
+    with open(theirs, encoding="utf-8") as f:
+        assert Trace.from_json(f.read()).prompt != trace.prompt, "another session sees none of this one's run"
 
     replay = other.predict([handle_file(json_file)], api_name="/replay")
     assert tokens_in(replay[0]) == 32 and 'data-kind="ok"' in replay[4]

@@ -123,3 +123,18 @@ def test_a_run_pressed_during_the_load_says_which_step_it_waits_for(monkeypatch)
     gate.set()
     final = list(run)[-1][4]
     assert 'data-kind="ok"' in final and MODELS.loaded("random") is not None
+
+
+def test_the_page_opens_on_a_small_labelled_recorded_run(tmp_path):
+    from studio import recorded
+
+    run = recorded.opening()
+    assert run is not None and {"via", "sd", "ar"} <= set(run)
+    assert all(len(run[m].tokens) == run["recorded"]["max_new_tokens"] for m in ("via", "sd", "ar"))
+    assert run["via"].models["verifier"].startswith("Qwen2.5-Coder-1.5B") and run["fidelity"]["via"]["agreement"]
+    about = run["recorded"]
+    label = recorded.label(run)
+    assert "Recorded run, not this machine" in label and about["cpu"] in label and about["date"] in label
+    for path in recorded.FOLDER.iterdir():  # a few KB each: the page's first second, not a download
+        assert path.stat().st_size < 20_000, path
+    assert recorded.read("no-such-run", tmp_path) is None

@@ -39,11 +39,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_app(preset: str, log_path: Path) -> tuple[subprocess.Popen, str]:
+def start_app(preset: str, log_path: Path, **env_vars: str) -> tuple[subprocess.Popen, str]:
     """`python app.py` in a subprocess on a free port; returns (process, url) once the page answers."""
     port = free_port()
     env = {**os.environ, "VIA_SD_PRESET": preset, "GRADIO_SERVER_PORT": str(port), "HF_HUB_OFFLINE": "1",
-           "GRADIO_ANALYTICS_ENABLED": "False"}
+           "GRADIO_ANALYTICS_ENABLED": "False", **env_vars}
     log = open(log_path, "w")
     proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
@@ -223,6 +223,7 @@ def test_the_three_panes_are_on_screen_after_a_run_at_1280x800(browser, app_url)
 
 def test_bad_input_shows_a_message(browser, app_url):
     page = open_page(browser, app_url)
+    page.locator("#prompt textarea").fill("")  # the page opens on the recorded run's prompt
     page.locator("#run").click()  # empty prompt
     page.wait_for_selector('#status [data-kind="error"]')
     assert "prompt is empty" in page.locator("#status").inner_text()
@@ -439,3 +440,48 @@ def test_each_drafter_labels_its_lanes_and_colors_its_tokens(browser, app_url):
         page.locator("#sd-tokens").screenshot(path=str(SHOTS / f"20-drafter-{kind}.png"))
     assert "Traceback" not in page.content()
     page.close()
+
+
+def test_the_page_is_useful_before_its_models_load(browser, tmp_path):
+    """With the load held back, the page opens on the recorded run: three coloured lanes, a race that plays, a
+    step-through and a what-if; the load line rises in named steps; a Run waits and says what for."""
+    proc, url = start_app("random", tmp_path / "app.log", VIA_SD_TEST_HOLD_LOAD_S="600")
+    try:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(url, wait_until="domcontentloaded")
+        page.wait_for_selector("#run")
+        for pane in ("via", "sd", "ar"):
+            page.wait_for_selector(f"#{pane}-tokens .via-tok")
+        assert "Recorded run, not this machine" in page.locator("#status").inner_text()
+        labels = set(page.eval_on_selector_all("#via-tokens .via-tok", "els => els.map(e => e.dataset.label)"))
+        assert "accepted draft" in labels and len(labels) >= 3, labels  # coloured by who decided each token
+        page.wait_for_selector("#device .via-load")  # Markdown drops data- attributes
+        assert "loading the models into memory" in page.locator("#device").inner_text()
+        assert "/root" not in page.locator("#device").inner_text() and "/home" not in page.content()
+        page.screenshot(path=str(SHOTS / "20-first-second-1280x800.png"))
+        page.locator("#device").screenshot(path=str(SHOTS / "21-loading-line.png"))
+
+        page.locator("#race-speed label", has_text="4×").click()
+        page.locator("#race-replay").click()
+        page.wait_for_selector('#race-view .via-race[data-state="done"]')
+        assert page.locator('#race-view .via-race-lane[data-state="finished"]').count() == 3
+
+        show_tab(page, "Learn")
+        page.locator("#learn-next").click()
+        page.wait_for_function("document.querySelector('#learn-view').innerText.includes('round 2 of')")
+
+        show_tab(page, "Threshold lab")
+        page.wait_for_selector("#whatif .via-whatif[data-accept]")
+        set_number(page, "accept", 0.5)
+        page.wait_for_selector('#whatif .via-whatif[data-accept="0.50"]')
+
+        page.locator("#run").click()
+        page.wait_for_function("document.querySelector('#status').innerText.includes('Queued: this run starts when "
+                               "the models are ready')")
+        assert not page.locator('#status [data-kind="error"]').count()
+        page.locator("#stop").click()
+        page.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
