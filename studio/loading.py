@@ -20,10 +20,11 @@ class Step:
     when: str = ""  # why it may be quick or skipped: "first start only"
 
 
-UNPACK = Step("unpacking the models", 0.45, "first start only")
+# shares after one first start of the embedded pair on 2 busy cores (unpacking minutes, loading ~70 s, warm-up ~13 s)
+UNPACK = Step("unpacking the models", 0.4, "first start only")
 KERNEL = Step("building the kernel", 0.1, "first start only")
-LOAD = Step("loading the models into memory", 0.2)
-MEASURE = Step("measuring this machine", 0.2, "first start only")
+LOAD = Step("loading the models into memory", 0.3)
+MEASURE = Step("measuring this machine", 0.15, "first start only")
 WARM = Step("warming up", 0.05)
 
 # words of the engine's messages -> the step they belong to (the first match wins)

@@ -26,7 +26,7 @@ from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
 from via_sd.core.pair import default_device
 from via_sd.core.profile import profile_for
 from via_sd.weights import lowbit_kernel
-from via_sd.weights.embedded import EmbeddedModelError, embedded_model_dirs
+from via_sd.weights.embedded import EmbeddedModelError, embedded_model_dirs, embedded_ready
 from via_sd.weights.settings import resolve_weights
 
 from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
@@ -100,18 +100,24 @@ def route_choices() -> list[tuple[str, str]]:
 
 
 def load_steps(preset: str, warm: bool) -> list:
-    """The steps a load of `preset` goes through here, in order (`studio.loading`). The random pair has no files,
+    """The steps a load of `preset` goes through here, in order (`studio.loading`); what an earlier start left in
+    the cache (the unpacked pair, the built kernel) is no step of this one. The random pair has no files,
     no kernel and no profile worth measuring at load (its first gamma="auto" run measures one); on ZeroGPU
     (`warm` False) measuring and warming wait for the first run's GPU call."""
     spec = PRESETS[preset]
     random = str(spec["drafter"]).startswith("random:")
-    steps = [UNPACK] if str(spec["drafter"]).startswith("embedded:") else []
-    if not random and resolve_weights("auto", default_device()) == "int4":
+    steps = [UNPACK] if str(spec["drafter"]).startswith("embedded:") and not embedded_ready() else []
+    if not random and resolve_weights("auto", default_device()) == "int4" and not kernel_built():
         steps.append(KERNEL)
     steps.append(LOAD)
     if warm and not random:
         steps.append(MEASURE)
     return steps + ([WARM] if warm else [])
+
+
+def kernel_built() -> bool:
+    """Is the kernel of these sources and this torch compiled in the cache already (a load then only opens it)?"""
+    return any(lowbit_kernel.build_dir().glob("*.so"))
 
 
 @gpu(duration=WARM_UP_S)

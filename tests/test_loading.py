@@ -45,6 +45,8 @@ def embedded_load_replayed(monkeypatch):
         return real_load_pair("random")
 
     monkeypatch.setattr(models, "resolve_weights", lambda weights, device: "int4")
+    monkeypatch.setattr(models, "embedded_ready", lambda: False)  # a first start: nothing in the cache yet
+    monkeypatch.setattr(models, "kernel_built", lambda: False)
     monkeypatch.setattr(models, "embedded_model_dirs", lambda progress: emit(progress, UNPACKING))
     monkeypatch.setattr(models.lowbit_kernel, "module", lambda: seen.append(fresh.status("embedded")))
     monkeypatch.setattr(models, "load_pair", load_pair)
@@ -97,6 +99,15 @@ def test_an_earlier_steps_echo_leaves_the_bar_alone():
 def test_the_random_pair_loads_in_one_step_without_measuring():
     assert models.load_steps("random", warm=True) == [LOAD, WARM]
     assert models.load_steps("random", warm=False) == [LOAD]
+
+
+def test_a_later_start_lists_no_step_the_cache_already_holds(monkeypatch):
+    monkeypatch.setattr(models, "resolve_weights", lambda weights, device: "int4")
+    monkeypatch.setattr(models, "embedded_ready", lambda: True)
+    monkeypatch.setattr(models, "kernel_built", lambda: True)
+    assert models.load_steps("embedded", warm=True) == [LOAD, MEASURE, WARM]
+    monkeypatch.setattr(models, "embedded_ready", lambda: False)
+    assert models.load_steps("embedded", warm=True) == [UNPACK, LOAD, MEASURE, WARM]
 
 
 def test_a_run_pressed_during_the_load_says_which_step_it_waits_for(monkeypatch):
