@@ -12,6 +12,7 @@ Their docstrings' `Args:` lines are what an MCP client is told about each argume
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 
@@ -23,7 +24,7 @@ from via_sd import Trace
 from via_sd.core.trace_check import NotJSONError, TraceError, load_traces_json
 
 from .gpu import gpu
-from .inputs import UserError, make_thresholds
+from .inputs import UserError, input_schemas, make_thresholds
 from .runs import decode_comparison, ending, fidelity_of, run_duration, runs_of
 from .sessions import SESSIONS
 
@@ -125,6 +126,18 @@ def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_ne
         raise refuse(f"Something went wrong: {type(err).__name__}: {err}") from None
     status = "superseded" if job.superseded else STATUS_OF_KIND.get(kind, kind)
     return comparison_json(traces, settings, status, message, fidelity)
+
+
+def compare_schema() -> dict:
+    """`compare`'s inputs as JSON Schema (docs/api.md): its arguments by name, in order, with what the checks of
+    `studio.inputs` allow. A client may leave out all but the prompt: each takes the page's setting."""
+    args = [p.name for p in inspect.signature(compare).parameters.values() if p.name not in ("request", "progress")]
+    schemas = input_schemas()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "/compare inputs",
+            "description": "gradio_client: client.predict(*values, api_name='/compare') in this order, or by name; "
+                           "one left out takes the page's setting (client.view_api() lists them)",
+            "type": "object", "properties": {name: schemas[name] for name in args}, "required": ["prompt"],
+            "additionalProperties": False}
 
 
 # ---- the what-if estimate on a trace from outside ---------------------------------------------------

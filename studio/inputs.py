@@ -4,11 +4,11 @@ message the page shows as it is (never a stack trace)."""
 from __future__ import annotations
 
 import bisect
-
 import re
 
 from via_sd import DecodeConfig, Thresholds
-from via_sd.core.config import BOUNDS, DRAFTERS, MAX_FIXED_GAMMA, SEED_MAX, Bound  # noqa: F401 (SEED_MAX: scripts)
+from via_sd.core.bounds import BOUNDS, MAX_FIXED_GAMMA, SEED_MAX, Bound  # noqa: F401 (SEED_MAX: scripts)
+from via_sd.core.config import DRAFTERS, MIN_TEMPERATURE
 from via_sd.core.trace_check import SIGNALS
 
 MAX_PROMPT_CHARS = 6000
@@ -137,3 +137,26 @@ def check_round(k, rounds: int) -> int:
         raise UserError(f"Round {str(k)[:20]} does not exist: this trace has {rounds} round(s); pick a whole "
                         f"number from 1 to {rounds}.")
     return int(k)
+
+
+def input_schemas() -> dict:
+    """What the checks above allow of each setting a client sends, as JSON Schema (docs/api.md, `api.compare_schema`),
+    from the same bounds: tests/test_api_schema.py checks that it refuses exactly what they refuse."""
+    text = {"type": "string", "pattern": "\\S"}  # not blank
+    name = {**text, "maxLength": MAX_NAME_CHARS}
+    return {
+        "prompt": {**text, "maxLength": MAX_PROMPT_CHARS, "description": "no lone surrogates"},
+        "preset": name,
+        "gamma": {**GAMMA.json_schema(), "description": "0: the engine picks each round's from the cost profile"},
+        "accept": BOUNDS["accept"].json_schema(),
+        "escalate": {**BOUNDS["escalate"].json_schema(), "description": "at most accept"},
+        "signal": {"enum": list(SIGNALS)},
+        "temperature": {**BOUNDS["temperature"].json_schema(),
+                        "description": f"0 (greedy) or at least {MIN_TEMPERATURE}"},
+        "max_new_tokens": BOUNDS["max_new_tokens"].json_schema(),
+        "seed": BOUNDS["seed"].json_schema(),
+        "route": {"anyOf": [name, {"type": "array", "maxItems": MAX_ROUTE_SKIPS,
+                                   "items": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}}]},
+        "with_ar": {"type": "boolean"},
+        "drafter": {"enum": list(DRAFTERS)},
+    }

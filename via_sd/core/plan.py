@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .bounds import BOUNDS
+
 DRAFT, SLIM, FULL = "draft", "slim", "full"
 TIERS = (DRAFT, SLIM, FULL)
 SIGNALS = ("slim", "draft")
@@ -51,9 +53,9 @@ class Thresholds:
         if self.signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {self.signal!r}")
         for name in ("accept", "escalate"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"threshold {name}={value!r} must be a number in [0, 1] (not a bool)")
+            if not BOUNDS[name].allows(getattr(self, name)):
+                raise ValueError(f"threshold {name}={getattr(self, name)!r} must be {BOUNDS[name].allowed} "
+                                 "(not a bool)")
         if self.escalate > self.accept:
             raise ValueError(
                 f"thresholds out of order: escalate={self.escalate} is above accept={self.accept}; "
