@@ -158,7 +158,7 @@ def wire_threshold_lab(ui: SimpleNamespace) -> None:
     for control in (ui.accept, ui.escalate, ui.signal):
         # the card first (instant), then the slower re-drawn plots
         control.change(lab.what_if_card, card_inputs, [ui.whatif], trigger_mode="always_last",
-                       **(public("what_if", **LIGHT) if control is ui.accept else LIGHT)).then(
+                       **(public("what_if", preprocess=False, **LIGHT) if control is ui.accept else LIGHT)).then(
             lab.what_if_figure, whatif_inputs, [ui.whatif_plot], trigger_mode="always_last", **LIGHT).then(
             lab.what_if_presets, whatif_inputs, [ui.presets_plot], trigger_mode="always_last", **LIGHT)
     ui.threshold_preset.input(lab.apply_threshold_preset, [ui.threshold_preset], [ui.accept, ui.escalate, ui.signal],
@@ -200,7 +200,7 @@ def wire_searches(demo: gr.Blocks, ui: SimpleNamespace, timer: gr.Timer) -> None
         lab.measure_sweep, [ui.prompt, ui.model, ui.gamma, ui.signal, ui.temperature, ui.max_new_tokens, ui.seed,
                             ui.route, ui.sweep_accepts, ui.sweep_escalates, ui.accept, ui.escalate, ui.theme,
                             ui.sweep_ticket], [ui.frontier_plot, ui.status],
-        **public("sweep", **ON_MODEL))
+        **public("sweep", preprocess=False, **ON_MODEL))
 
 
 def wire_trace_and_learn(ui: SimpleNamespace) -> None:
@@ -211,9 +211,9 @@ def wire_trace_and_learn(ui: SimpleNamespace) -> None:
 
     ui.learn_round.change(views.learn_view, [ui.traces, ui.learn_round], [ui.learn], **LIGHT)
     # the API's own round input: the slider's range (1-2 until the page's follow-up steps widen it) would
-    # refuse valid rounds; learn_view itself accepts exactly the rounds of the trace
-    ui.learn_api_round.change(views.learn_view, [ui.traces, ui.learn_api_round], [ui.learn],
-                              **public("learn", **LIGHT))
+    # refuse valid rounds; learn_api accepts exactly the rounds of the trace and refuses the rest by name
+    ui.learn_api_round.change(views.learn_api, [ui.traces, ui.learn_api_round], [ui.learn],
+                              **public("learn", preprocess=False, **LIGHT))
     ui.prev_round.click(lambda k, t: views.step_round(k, -1, t), [ui.learn_round, ui.traces], [ui.learn_round],
                         **LIGHT)
     ui.next_round.click(lambda k, t: views.step_round(k, 1, t), [ui.learn_round, ui.traces], [ui.learn_round],
@@ -229,9 +229,10 @@ def wire_opening(demo: gr.Blocks, ui: SimpleNamespace, opening: dict | None) -> 
 
 def wire_api(ui: SimpleNamespace) -> None:
     """The JSON endpoints for scripts and MCP: the same queue, concurrency group and limits as Run; the
-    what-if needs no model. Their inputs reach the handlers as sent (preprocess=False, as /run's): the handlers
-    check every one against the one table of bounds (`studio.inputs`, `via_sd.core.config.BOUNDS`) and refuse it
-    by name, where Gradio's own checks would coerce ("yes" -> true, 1.5 -> 2) or refuse without naming it."""
+    what-if needs no model. Their inputs reach the handlers as sent (preprocess=False, as /run's, /sweep's,
+    /what_if's and /learn's): the handlers check every one against the one table of bounds (`studio.inputs`,
+    `via_sd.core.bounds.BOUNDS`) and refuse it by name, where Gradio's own checks would coerce ("yes" -> true,
+    1.5 -> 2) or refuse without naming it."""
     ui.compare_trigger.click(api.compare, [*run_inputs(ui)[:-1], ui.drafter], [ui.comparison],  # not the pace
                              **public("compare", show_progress="hidden", preprocess=False, **ON_MODEL))
     ui.estimate_trigger.click(api.what_if_estimate, [ui.trace_in, ui.accept, ui.escalate, ui.signal],

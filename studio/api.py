@@ -24,7 +24,7 @@ from via_sd import Trace
 from via_sd.core.trace_check import NotJSONError, TraceError, load_traces_json
 
 from .gpu import gpu
-from .inputs import UserError, input_schemas, make_thresholds
+from .inputs import UserError, input_schemas, make_thresholds, refuse
 from .runs import decode_comparison, ending, fidelity_of, run_duration, runs_of
 from .sessions import SESSIONS
 
@@ -34,11 +34,6 @@ SUMMARY_KEYS = ("new_tokens", "wall_ms", "tokens_per_s", "predicted_tokens_per_s
                 "verified_rejection_rate", "mean_accepted_length", "drafted", "full_calls", "full_calls_per_token",
                 "slim_calls", "prompt_tokens", "opening_tokens")
 STATUS_OF_KIND = {"ok": "done", "stop": "stopped"}
-
-
-def refuse(message: str) -> gr.Error:
-    """The error a client reads: the page's message, no stack trace in the log or the reply."""
-    return gr.Error(str(message), print_exception=False)
 
 
 # ---- a comparison as JSON -----------------------------------------------------------------------

@@ -1,10 +1,12 @@
 """Settings from the page, checked and turned into engine objects; a bad one raises UserError, whose
-message the page shows as it is (never a stack trace)."""
+message the page shows as it is (never a stack trace), and a client reads as the refusal (`refuse`)."""
 
 from __future__ import annotations
 
 import bisect
 import re
+
+import gradio as gr
 
 from via_sd import DecodeConfig, Thresholds
 from via_sd.core.bounds import BOUNDS, MAX_FIXED_GAMMA, SEED_MAX, Bound  # noqa: F401 (SEED_MAX: scripts)
@@ -22,6 +24,12 @@ MAX_GRID_CHARS = 400  # characters in one grid field: checked before the text is
 
 class UserError(ValueError):
     """Bad input: shown in the page as a plain message, never as a stack trace."""
+
+
+def refuse(message) -> gr.Error:
+    """The error a client reads (and the page shows as an error toast): the message, no stack trace in the log or
+    the reply."""
+    return gr.Error(str(message), print_exception=False)
 
 
 def check_prompt(prompt) -> str:
@@ -130,12 +138,15 @@ def grid_size(accept_values: list[float], escalate_values: list[float]) -> int:
     return sum(bisect.bisect_right(escalate_values, a + 1e-9) for a in accept_values)
 
 
-def check_round(k, rounds: int) -> int:
-    """The learn round `k` (1-based) as an int, or UserError saying which rounds exist."""
-    valid = isinstance(k, (int, float)) and not isinstance(k, bool) and k == k and float(k).is_integer()
-    if not valid or not 1 <= k <= rounds:
-        raise UserError(f"Round {str(k)[:20]} does not exist: this trace has {rounds} round(s); pick a whole "
-                        f"number from 1 to {rounds}.")
+def check_round(k, rounds: int | None) -> int:
+    """The learn round `k` (1-based) as an int, or UserError naming it and the rounds this trace has (None: there is
+    no trace yet, and any whole number from 1 is a round)."""
+    if not Bound(True, 1, float("inf")).allows(k):
+        of = "from 1" if rounds is None else f"from 1 to {rounds} (the rounds of this trace)"
+        raise UserError(f"Settings: round must be a whole number {of}, got {shown(k)}.")
+    if rounds is not None and k > rounds:
+        raise UserError(f"Round {int(k)} does not exist: this trace has {rounds} round(s); pick a whole number from 1 "
+                        f"to {rounds}.")
     return int(k)
 
 

@@ -20,9 +20,11 @@ from viz.lab import what_if_card_html, what_if_error_html
 from viz.presets import preset_points_figure
 
 from .gpu import gpu
-from .inputs import MAX_GRID, UserError, check_prompt, grid_size, make_config, make_thresholds, parse_grid
+from .inputs import (MAX_GRID, SIGNALS, UserError, check_prompt, choice, grid_size, make_config, make_thresholds,
+                     name, number, parse_grid, refuse)
+from .inputs import route as check_route
 from .models import LOCK_REASON, MODELS, preset_locked
-from .runs import is_current, warn
+from .runs import is_current
 from .sessions import SESSIONS
 
 log = logging.getLogger("via_sd.app")
@@ -37,7 +39,10 @@ def _theme(theme) -> str:
 # ---- what-if: re-tier the recorded drafts, no model ----------------------------------------------
 
 def _what_if_input(traces: dict, accept, escalate, signal):
-    """(trace, thresholds) to re-tier, or (None, message HTML)."""
+    """(trace, thresholds) to re-tier, or (None, message HTML). A value no control sends (text, out of range) raises
+    UserError naming it; thresholds out of order, as the sliders can be while they move, get the card's message."""
+    accept, escalate = number("accept", accept), number("escalate", escalate)
+    signal = choice("signal", signal, SIGNALS)
     trace = (traces or {}).get("via")
     if trace is None or not trace.rounds:
         return None, WHATIF_EMPTY
@@ -48,8 +53,11 @@ def _what_if_input(traces: dict, accept, escalate, signal):
 
 
 def what_if_card(traces: dict, accept, escalate, signal) -> str:
-    """The estimate card alone: under a millisecond, so it follows a slider while it moves."""
-    trace, th = _what_if_input(traces, accept, escalate, signal)
+    """The estimate card alone (/what_if): under a millisecond, so it follows a slider while it moves."""
+    try:
+        trace, th = _what_if_input(traces, accept, escalate, signal)
+    except UserError as err:
+        raise refuse(err) from None
     return th if trace is None else what_if_card_html(viz.what_if(trace, th))
 
 
@@ -130,7 +138,8 @@ def measure_sweep(prompt, preset, gamma, signal, temperature, max_new_tokens, se
     """Run VIA-SD for real at every (accept, escalate) of the grid and plain SD on the same prompt
     (`via_sd.bench.run_sweep`, interleaved). Returns (frontier figure, status).
 
-    Speed-up is over plain SD, fidelity the full model's top-1 agreement with the output.
+    Speed-up is over plain SD, fidelity the full model's top-1 agreement with the output. A sweep its settings
+    cannot start (a bad value, a grid too large or with no setting) is refused with a message naming the field.
     """
     job = SESSIONS.get(request).job("sweep", ticket)
     if job.is_set():
@@ -145,6 +154,7 @@ def measure_sweep(prompt, preset, gamma, signal, temperature, max_new_tokens, se
         if size > MAX_GRID:
             raise UserError(f"The grid has {size:,} settings; keep it to {MAX_GRID} or fewer.")
         config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed)
+        preset, route = name("preset", preset), check_route(route)
         pair = MODELS.view(MODELS.wait(preset, progress), preset, route)
         result = run_sweep(pair, [{"task": "app", "prompt": prompt}], config, accept=accept_values,
                            escalate=escalate_values, signals=[config.thresholds.signal], repeats=1, warmup=1,
@@ -163,8 +173,7 @@ def measure_sweep(prompt, preset, gamma, signal, temperature, max_new_tokens, se
         return figure, page.status_html(f"Sweep done: {size} settings measured against plain SD "
                                         f"({result['sd']['tokens_per_s']:.1f} tokens/s) on this prompt.{tip}", "ok")
     except UserError as err:
-        warn(str(err))
-        return None, page.status_html(str(err), "error")
+        raise refuse(err) from None
     except Exception as err:
         log.exception("sweep failed")
         return None, page.status_html(f"Sweep failed: {type(err).__name__}: {err}", "error")

@@ -21,7 +21,7 @@ from viz.learn import learn_error_html, learn_html
 from viz.race import race_end_ms, race_html
 
 from .downloads import DOWNLOADS, write_atomic
-from .inputs import UserError, check_round
+from .inputs import UserError, check_round, refuse
 from .runs import METHODS, is_current, panes, runs_of, warn
 
 MAX_UPLOAD_BYTES = 20 * 1024 * 1024
@@ -71,6 +71,17 @@ def learn_view(traces: dict, k=1) -> str:
         return learn_html(trace, check_round(k, len(trace.rounds)) - 1)
     except UserError as err:
         return learn_error_html(str(err))
+
+
+def learn_api(traces: dict, k=1) -> str:
+    """/learn: round k (1-based) of the session's last VIA-SD trace (SD if none), for a client. A value that is no
+    round of the trace is refused by name (the page's slider gets `learn_view`'s message in the view instead)."""
+    trace = learn_trace(traces)
+    try:
+        k = check_round(k, len(trace.rounds) if trace else None)
+    except UserError as err:
+        raise refuse(err) from None
+    return learn_view(traces, k)
 
 
 def step_round(k, delta, traces: dict) -> int:

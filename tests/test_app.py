@@ -13,6 +13,7 @@ import time
 import weakref
 from types import SimpleNamespace
 
+import gradio as gr
 import plotly.graph_objects as go
 import pytest
 
@@ -251,8 +252,8 @@ def test_sweep_measures_a_frontier_and_rejects_bad_grids():
     assert 'data-kind="ok"' in status and isinstance(fig, go.Figure)
     names = [d.name for d in fig.data]
     assert "signal: slim" in names and "plain SD" in names
-    _, status = lab.measure_sweep(PROMPT, "random", 4, "slim", 0.0, 12, 0, "default", "high", "0.0", 0.5, 0.0)
-    assert "accept values" in status and 'data-kind="error"' in status
+    with pytest.raises(gr.Error, match="accept values: write numbers between 0 and 1"):  # refused, naming the field
+        lab.measure_sweep(PROMPT, "random", 4, "slim", 0.0, 12, 0, "default", "high", "0.0", 0.5, 0.0)
 
 
 def test_examples_cover_every_task_and_gpu_is_a_no_op_here_with_a_duration_for_the_longest_run():
