@@ -2,20 +2,24 @@
 visitor sends stalls another; Stop stops a run, never a future one; a visitor's files and state go when the
 visitor does (or the server does, SIGTERM included); every refusal names the field and what it allows.
 
-One app server for the module, on the "random" preset (a tiny random pair: real decoding in milliseconds).
+One app server for the module, on the "random" preset (a tiny random pair: real decoding in milliseconds), and
+one visitor of it for the tests that need no session of their own.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from gradio_client import Client
 
@@ -23,9 +27,14 @@ from via_sd.core.trace_check import MAX_JSON_BYTES, TraceError, json_depth, pars
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Write a haiku about the sea."
-# prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route, with_ar, drafter
+# the endpoints' arguments, in order
 COMPARE = dict(prompt=PROMPT, preset="random", gamma=4, accept=0.6, escalate=0.2, signal="slim", temperature=0.0,
                max_new_tokens=12, seed=0, route="default", with_ar=False, drafter="model")
+RUN = dict(prompt=PROMPT, preset="random", gamma=4, accept=0.6, escalate=0.2, signal="slim", temperature=0.0,
+           max_new_tokens=12, seed=0, route="default", with_ar=False, pace=0, drafter="model")
+SWEEP = dict(prompt=PROMPT, preset="random", gamma=4, signal="slim", temperature=0.0, max_new_tokens=4, seed=0,
+             route="default", accepts="0.5", escalates="0.0", accept=0.6, escalate=0.2, theme="light")
+WHAT_IF = dict(accept=0.6, escalate=0.2, signal="slim")
 N = MAX_JSON_BYTES - 2
 WORST = {  # the texts that cost the old gate or the parser most, each at the size limit
     "a string that never closes, all escaped quotes": '"' + '\\"' * (N // 2),
@@ -44,11 +53,20 @@ def server(serve_random_app):
     return serve_random_app()
 
 
+@pytest.fixture(scope="module")
+def visitor(server):
+    """A visitor who has run the random pair once: their traces are that short run (not the recorded one a page
+    may open on), so a race replays in a blink and Learn has its rounds."""
+    client = Client(server, verbose=False)
+    out = client.predict(*RUN.values(), api_name="/run")
+    assert 'data-kind="ok"' in out[4], out[4][:300]
+    yield client
+    client.close()
+
+
 def answered_meanwhile(server: str, work) -> tuple[float, list[float]]:
     """Run `work()` while another visitor asks the server small things: (seconds `work` took, the slowest answer
     the other visitor got, in seconds, for each of its requests)."""
-    import httpx
-
     done, waits = threading.Event(), []
 
     def other_visitor():
@@ -72,6 +90,24 @@ def answered_meanwhile(server: str, work) -> tuple[float, list[float]]:
     return took, waits
 
 
+class Refused(Exception):
+    """An endpoint's refusal over the REST API: its message."""
+
+
+def rest(http: httpx.Client, api_name: str, data: list, session_hash: str):
+    """One call over the REST API, through the queue as a client's: the endpoint's output, or Refused with its
+    message. No gradio_client: it polls for each reply every 50 ms (most of a short call's time), and its
+    heartbeat stream outlives the call (a stopping server waits for it)."""
+    body = {"data": data, "session_hash": session_hash}
+    event = http.post(f"gradio_api/call{api_name}", json=body).json()["event_id"]
+    reply = http.get(f"gradio_api/call{api_name}/{event}").text
+    kind, _, value = reply.strip().rpartition("\n\n")[2].partition("\n")  # the last event: its kind, its data
+    if kind == "event: error":
+        raise Refused(str((json.loads(value.removeprefix("data:")) or {}).get("error")))
+    assert kind == "event: complete", reply[-500:]
+    return json.loads(value.removeprefix("data:"))
+
+
 # ---- every gate is linear in its input ---------------------------------------------------------------
 
 def test_the_trace_gate_refuses_the_worst_texts_at_the_size_limit_in_under_a_second():
@@ -86,12 +122,11 @@ def test_the_trace_gate_refuses_the_worst_texts_at_the_size_limit_in_under_a_sec
     assert json_depth('["\\\\", [["\\\\\\"]"]]]') == 3  # an escaped backslash ends no string; an escaped quote does
 
 
-def test_a_hostile_trace_at_the_limit_stalls_no_other_visitor(server):
-    client = Client(server, verbose=False)
+def test_a_hostile_trace_at_the_limit_stalls_no_other_visitor(server, visitor):
     for name in ("a string that never closes, all escaped quotes", "brackets nested all the way"):
         def send():
             with pytest.raises(Exception, match="not a VIA-SD trace"):
-                client.predict(WORST[name], 0.6, 0.2, "slim", api_name="/what_if_estimate")
+                visitor.predict(WORST[name], 0.6, 0.2, "slim", api_name="/what_if_estimate")
 
         took, waits = answered_meanwhile(server, send)
         assert took < 8, f"{name}: {took:.1f} s (upload and refusal)"
@@ -100,11 +135,10 @@ def test_a_hostile_trace_at_the_limit_stalls_no_other_visitor(server):
 
 # ---- Stop stops a run, never a future one -------------------------------------------------------------
 
-def test_a_stop_with_nothing_running_stops_no_later_run(server):
-    client = Client(server, verbose=False)
-    status = client.predict(api_name="/stop")
+def test_a_stop_with_nothing_running_stops_no_later_run(visitor):
+    status = visitor.predict(api_name="/stop")
     assert "Nothing to stop" in status
-    result = client.predict(*COMPARE.values(), api_name="/compare")
+    result = visitor.predict(*COMPARE.values(), api_name="/compare")
     assert result["status"] == "done" and result["methods"]["via"]["summary"]["new_tokens"] == 12
 
 
@@ -137,7 +171,7 @@ def long_trace(tmp_path_factory, tiny_routed_pair):
     trace = generate(tiny_routed_pair, PROMPT, "via", DecodeConfig(gamma=4, max_new_tokens=96, seed=0,
                                                                    thresholds=Thresholds(accept=0.6, escalate=0.2)))
     path = tmp_path_factory.mktemp("long") / "via-sd-trace-via.json"
-    path.write_text(json.dumps(inflated(trace, 20)), encoding="utf-8")
+    path.write_text(json.dumps(inflated(trace, 20)), encoding="utf-8")  # 1,920 tokens, 1.9 MB
     return path
 
 
@@ -150,12 +184,35 @@ def wait_for(check, timeout: float = 20.0) -> bool:
     return check()
 
 
-def test_closed_sessions_give_their_replays_memory_back(server, long_trace):
-    """Three sessions replay a long trace (and write its files), then close: the server's size falls back near
-    where it started (a closed session's state used to stay an hour; this process is the server)."""
+@pytest.fixture(scope="module")
+def app_process(tmp_path_factory):
+    """`python app.py` on the random pair, in a process of its own with its own temp folder, for the SIGTERM test.
+    Started by the first test that asks for it: the memory test does, so the seconds of imports the process
+    takes to start overlap the tests in between (they run in this process, on the other core)."""
+    tmp = tmp_path_factory.mktemp("sigterm")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "VIA_SD_PRESET": "random", "GRADIO_SERVER_PORT": str(port), "TMPDIR": str(tmp),
+           "GRADIO_TEMP_DIR": str(tmp / "gradio"), "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    with open(tmp / "stderr.txt", "w") as log:  # a file, not a pipe: nobody reads it while the app runs
+        process = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                                   stderr=log)
+    yield process, f"http://127.0.0.1:{port}/", tmp
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.usefixtures("app_process")  # starts now: see app_process
+def test_closed_sessions_give_their_replays_memory_back(server, long_trace, monkeypatch):
+    """Sessions replay a long trace (and write its files), then close: the server's size falls back near where it
+    started (a closed session's state used to stay an hour; this process is the server)."""
     from gradio_client import handle_file
 
     from studio.memory import give_back_freed_memory
+
+    monkeypatch.setenv("GRADIO_HEARTBEAT_INTERVAL", "0.2")  # a closed client is seen gone in a blink, not in 15 s
 
     def replay(sessions: int) -> list[Client]:
         clients = [Client(server, verbose=False) for _ in range(sessions)]
@@ -166,9 +223,10 @@ def test_closed_sessions_give_their_replays_memory_back(server, long_trace):
         return clients
 
     def closed(clients: list[Client]) -> None:
+        holder = state_holder_of(server)
+        assert all(c.session_hash in holder.session_data for c in clients)
         for client in clients:
             client.close()
-        holder = state_holder_of(clients[0].session_hash)
         assert wait_for(lambda: not any(c.session_hash in holder.session_data for c in clients)), \
             "a closed session's state is still held"
         give_back_freed_memory()
@@ -184,58 +242,15 @@ def test_closed_sessions_give_their_replays_memory_back(server, long_trace):
     assert after - start < 0.35 * (during - start) + 10, f"{start:.0f} -> {during:.0f} -> {after:.0f} MB"
 
 
-def state_holder_of(session_hash: str):
-    """Gradio's per-session state that holds `session_hash` (the module's server runs in this process)."""
-    import gc
+def state_holder_of(server: str):
+    """Gradio's per-session state of the module's server (it runs in this process)."""
+    import gradio as gr
 
-    from gradio.state_holder import StateHolder
-
-    holders = [o for o in gc.get_objects() if isinstance(o, StateHolder) and session_hash in o.session_data]
-    assert len(holders) == 1
-    return holders[0]
+    demo = next(b for b in gr.Blocks.get_instances() if getattr(b, "local_url", None) == server)
+    return demo.server_app.state_holder
 
 
-def test_sigterm_removes_the_download_folder_and_gradios_copies(tmp_path):
-    """`python app.py` on the random pair writes a visitor's trace files, then gets SIGTERM (a container
-    stopping): it exits cleanly, and neither its download folder nor Gradio's copies of the files are left."""
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "VIA_SD_PRESET": "random", "GRADIO_SERVER_PORT": str(port), "TMPDIR": str(tmp_path),
-           "GRADIO_TEMP_DIR": str(tmp_path / "gradio"), "HF_HUB_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
-    server = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}/"
-        assert wait_for(lambda: server.poll() is None and _up(url), timeout=120), "the app did not start"
-        client = Client(url, verbose=False)
-        out = client.predict(PROMPT, "random", 4, 0.6, 0.2, "slim", 0.0, 8, 0, "default", False, 0, api_name="/run")
-        assert 'data-kind="ok"' in out[4]
-        client.predict("via", api_name="/trace_files")
-        folders = list(tmp_path.glob("via-sd-*"))
-        assert len(folders) == 1 and list(folders[0].glob("*/via-sd-trace-via.json"))
-        assert list((tmp_path / "gradio").rglob("via-sd-trace-via.json")), "Gradio served a copy"
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=30) == 0, server.stderr.read()[-2000:]
-    finally:
-        if server.poll() is None:
-            server.kill()
-    assert not list(tmp_path.glob("via-sd-*")), "the download folder outlived SIGTERM"
-    assert not list((tmp_path / "gradio").rglob("via-sd-trace-*")), "Gradio's copies outlived SIGTERM"
-
-
-def _up(url: str) -> bool:
-    import httpx
-
-    try:
-        return httpx.get(url + "gradio_api/info", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-# ---- refusals name the field; a fuzz of hostile inputs ----------------------------------------------------
+# ---- refusals name the field -------------------------------------------------------------------------------
 
 BAD_COMPARE = [  # (field, value, words the refusal must hold)
     ("max_new_tokens", "abc", "max_new_tokens must be a whole number from 1 to 4,096"),
@@ -263,17 +278,49 @@ BAD_COMPARE = [  # (field, value, words the refusal must hold)
 
 
 @pytest.mark.parametrize("field,value,words", BAD_COMPARE, ids=[f"{f}={str(v)[:12]!r}" for f, v, _ in BAD_COMPARE])
-def test_compare_refuses_a_bad_setting_by_name_with_its_range(server, field, value, words):
-    client = Client(server, verbose=False)
+def test_compare_refuses_a_bad_setting_by_name_with_its_range(visitor, field, value, words):
     with pytest.raises(Exception) as refused:
-        client.predict(*{**COMPARE, field: value}.values(), api_name="/compare")
+        visitor.predict(*{**COMPARE, field: value}.values(), api_name="/compare")
     assert words in str(refused.value), str(refused.value)[:300]
+
+
+BAD_PAGE_ENDPOINTS = [  # (endpoint, its arguments, field, value, words the refusal must hold)
+    ("/sweep", SWEEP, "seed", "x", "seed must be a whole number from 0 to 4,294,967,295"),
+    ("/sweep", SWEEP, "max_new_tokens", 10**6, "max_new_tokens must be a whole number from 1 to 4,096"),
+    ("/sweep", SWEEP, "accept", "0.6", "accept must be a number from 0 to 1"),
+    ("/sweep", SWEEP, "accepts", "high", "accept values: write numbers between 0 and 1"),
+    ("/sweep", SWEEP, "escalates", [0.1], "escalate values: write at most"),
+    ("/sweep", SWEEP, "preset", None, "preset must be a name"),
+    ("/sweep", SWEEP, "route", 7, "route must be a name"),
+    ("/what_if", WHAT_IF, "accept", "0.6", "accept must be a number from 0 to 1"),
+    ("/what_if", WHAT_IF, "escalate", None, "escalate must be a number from 0 to 1"),
+    ("/what_if", WHAT_IF, "signal", "full", "signal must be one of 'slim', 'draft'"),
+    ("/learn", {"k": 1}, "k", "abc", "round must be a whole number from 1 to"),
+    ("/learn", {"k": 1}, "k", 0, "round must be a whole number from 1 to"),
+    ("/learn", {"k": 1}, "k", 10**6, "Round 1000000 does not exist"),
+]
+
+
+@pytest.mark.parametrize("endpoint,args,field,value,words", BAD_PAGE_ENDPOINTS,
+                         ids=[f"{e}:{f}={str(v)[:12]!r}" for e, _, f, v, _ in BAD_PAGE_ENDPOINTS])
+def test_sweep_what_if_and_learn_refuse_a_bad_setting_by_name(visitor, endpoint, args, field, value, words):
+    """The page's endpoints that take settings get them as sent, as /compare does: a bad one is refused by name."""
+    with pytest.raises(Exception) as refused:
+        visitor.predict(*{**args, field: value}.values(), api_name=endpoint)
+    assert words in str(refused.value), str(refused.value)[:300]
+
+
+def test_sweep_what_if_and_learn_answer_what_the_page_sends(visitor):
+    """Taken as sent, the values the page's own controls send still work."""
+    _, status = visitor.predict(*SWEEP.values(), api_name="/sweep")
+    assert 'data-kind="ok"' in status and "Sweep done: 1 settings" in status, status[:300]
+    assert "estimate" in visitor.predict(*WHAT_IF.values(), api_name="/what_if").lower()
+    assert "round 1 of" in visitor.predict(1, api_name="/learn")
+    assert "round 1 of" in visitor.predict(1.0, api_name="/learn")  # a slider's number
 
 
 def test_raw_rest_refuses_nan_and_infinity_by_name(server):
     """JSON's NaN / Infinity (Python's json writes them) reach the handler through the queue as floats."""
-    import httpx
-
     for value in ("NaN", "Infinity", "1e400"):
         data = list(COMPARE.values())
         data[8] = "SEED"
@@ -285,70 +332,112 @@ def test_raw_rest_refuses_nan_and_infinity_by_name(server):
         assert "event: error" in reply and "seed must be a whole number from 0 to 4,294,967,295" in reply, reply[:300]
 
 
-def test_race_speed_and_preset_accept_their_choices_and_name_the_rest(server):
-    client = Client(server, verbose=False)
-    info = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/race"]["parameters"]
+def test_race_speed_and_preset_accept_their_choices_and_name_the_rest(visitor):
+    info = visitor.view_api(return_format="dict", print_info=False)["named_endpoints"]["/race"]["parameters"]
     speed = next(p for p in info if p["parameter_name"] == "speed")
     advertised = speed["type"].get("enum") or speed["type"].get("anyOf", [{}])[0].get("enum")
     assert advertised == ["0.25", "0.5", "1", "2", "4"], speed["type"]
     for value in advertised:
-        assert "race" in client.predict(value, api_name="/race")  # no run yet: the hint, not an error
+        assert "race" in visitor.predict(value, api_name="/race")  # the visitor's short run, replayed
     with pytest.raises(Exception, match="race speed must be one of"):
-        client.predict("3", api_name="/race")
+        visitor.predict("3", api_name="/race")
     with pytest.raises(Exception, match="preset must be one of"):
-        client.predict(None, api_name="/load_preset")
+        visitor.predict(None, api_name="/load_preset")
 
+
+# ---- a fuzz of hostile inputs -------------------------------------------------------------------------------
 
 HOSTILE = [None, True, False, "", " ", "abc", "yes", "0.5", -1, 0, 1, 1.5, 2**70, -1e300, 1e300, [], {}, [1, 2],
            {"a": [[[]]]}, "\u202e\u0000", "💥" * 50, '<img src=x onerror="window.__x=1">', "x" * 10_000,
            "[" * 5_000, '"' + '\\"' * 5_000]
+WORDS = {"accepts": "accept values", "escalates": "escalate values"}  # what a refusal calls a field
 
 
-def test_a_fuzz_of_hostile_inputs_gets_named_refusals_or_results_and_the_app_keeps_answering(server, long_trace):
-    """A few hundred hostile inputs (types, ranges, unicode, huge and deep payloads) against /compare,
-    /what_if_estimate, /race and /learn: each answer is a result or a refusal that names the field, none takes
-    more than a few seconds, and a normal /compare runs after every batch."""
-    import random
+def with_hostile(rng: random.Random, args: dict, fields: list[str]) -> tuple[list, list[str]]:
+    """`args` with one or two of `fields` hostile: (the arguments, the words one of which the refusal must hold)."""
+    chosen = rng.sample(fields, rng.choice((1, 1, 2)))
+    return list({**args, **{f: rng.choice(HOSTILE) for f in chosen}}.values()), [WORDS.get(f, f) for f in chosen]
 
+
+def hostile_batch(rng: random.Random, trace: dict) -> list[tuple[str, list, list[str]]]:
+    """100 hostile calls (endpoint, arguments, words): types, ranges, unicode, huge and deep payloads, mutated
+    traces, against the endpoints that take settings or a trace as JSON."""
+    compare = {**COMPARE, "max_new_tokens": 4}
+    calls = [("/compare", *with_hostile(rng, compare, [f for f in compare if f != "max_new_tokens"]))
+             for _ in range(34)]
+    for _ in range(16):
+        mutated = json.loads(json.dumps(trace))
+        mutated[rng.choice(["summary", "config", "tokens", "rounds", "models", "schema", "method", "prompt"])] = \
+            rng.choice(HOSTILE)
+        text = rng.choice([json.dumps(mutated), rng.choice(HOSTILE)])
+        calls.append(("/what_if_estimate", [text, *WHAT_IF.values()], ["trace", "not JSON", "No trace"]))
+        calls.append(("/what_if_estimate", [json.dumps(trace), *with_hostile(rng, WHAT_IF, list(WHAT_IF))[0]],
+                      list(WHAT_IF)))
+    calls += [("/what_if", *with_hostile(rng, WHAT_IF, list(WHAT_IF))) for _ in range(10)]
+    calls += [("/sweep", *with_hostile(rng, SWEEP, [f for f in SWEEP if f != "max_new_tokens"])) for _ in range(8)]
+    calls += [("/race", [rng.choice(HOSTILE)], ["race speed"]) for _ in range(8)]
+    calls += [("/learn", [rng.choice(HOSTILE)], ["round", "Round"]) for _ in range(8)]
+    rng.shuffle(calls)
+    return calls
+
+
+def test_a_fuzz_of_hostile_inputs_gets_named_refusals_or_results_and_the_app_keeps_answering(server, visitor,
+                                                                                            long_trace):
+    """Two hundred hostile inputs against /compare, /what_if_estimate, /what_if, /sweep, /race and /learn, sent as
+    the visitor's: each answer is a result or a refusal that names the field, none takes more than a few seconds,
+    and a normal /compare runs after every batch."""
     rng = random.Random(36)
-    client = Client(server, verbose=False)
     trace = json.loads(long_trace.read_text(encoding="utf-8"))
-    trace["rounds"], trace["tokens"] = trace["rounds"][:20], trace["tokens"][:60]
-    counts = {"refused": 0, "answered": 0}
-    slowest = 0.0
+    trace["rounds"], trace["tokens"] = trace["rounds"][:8], trace["tokens"][:24]
 
-    def call(api_name, args, fields):
-        nonlocal slowest
+    def call(http, api_name, args, words) -> tuple[bool, float]:
+        """(refused?, seconds) of one call."""
         start = time.perf_counter()
         try:
-            out = client.predict(*args, api_name=api_name)
-            counts["answered"] += 1
+            out = rest(http, api_name, args, visitor.session_hash)
+            refused = False
             if api_name == "/compare":
-                assert out["status"] == "done", out["message"]
-        except Exception as err:  # a refusal: it names one of the fields it was given
-            message = str(err)
-            assert any(f in message for f in fields), f"{api_name} {fields}: {message[:300]}"
-            counts["refused"] += 1
-        slowest = max(slowest, time.perf_counter() - start)
-        assert time.perf_counter() - start < 5, f"{api_name} {fields} took {time.perf_counter() - start:.1f} s"
+                assert out[0]["status"] == "done", out[0]["message"]
+        except Refused as err:  # it names one of the fields it was given
+            assert any(w in str(err) for w in words), f"{api_name} {words}: {str(err)[:300]}"
+            refused = True
+        took = time.perf_counter() - start
+        assert took < 5, f"{api_name} {words} took {took:.1f} s"
+        return refused, took
 
-    for batch in range(3):
-        for _ in range(40):
-            fields = rng.sample([f for f in COMPARE if f != "max_new_tokens"], rng.choice((1, 1, 2)))
-            values = {f: rng.choice(HOSTILE) for f in fields}
-            names = {"preset": ("preset",), "prompt": ("prompt",)}
-            words = [w for f in fields for w in names.get(f, (f,))]
-            call("/compare", list({**COMPARE, "max_new_tokens": 4, **values}.values()), words)
-        for _ in range(20):
-            mutated = json.loads(json.dumps(trace))
-            where = rng.choice(["summary", "config", "tokens", "rounds", "models", "schema", "method", "prompt"])
-            mutated[where] = rng.choice(HOSTILE)
-            text = rng.choice([json.dumps(mutated), rng.choice(HOSTILE)])
-            call("/what_if_estimate", [text, 0.6, 0.2, "slim"], ["trace", "not JSON", "No trace"])
-            call("/what_if_estimate", [json.dumps(trace), rng.choice(HOSTILE), 0.2, "slim"], ["accept", "escalate"])
-        for _ in range(10):
-            call("/race", [rng.choice(HOSTILE)], ["race speed"])
-            call("/learn", [rng.choice(HOSTILE)], ["round"])
-        assert client.predict(*COMPARE.values(), api_name="/compare")["status"] == "done", f"after batch {batch}"
-    print(f"fuzz: {counts['refused']} refused by name, {counts['answered']} answered, slowest {slowest:.2f} s")
-    assert counts["refused"] > 150
+    answers = []
+    with httpx.Client(base_url=server, timeout=30) as http:
+        for batch in range(2):
+            answers += [call(http, *c) for c in hostile_batch(rng, trace)]
+            assert visitor.predict(*COMPARE.values(), api_name="/compare")["status"] == "done", f"after batch {batch}"
+    refused = sum(r for r, _ in answers)
+    print(f"fuzz: {refused} refused by name, {len(answers) - refused} answered, "
+          f"slowest {max(t for _, t in answers):.2f} s")
+    assert len(answers) == 200 and refused > 150
+
+
+# ---- the server's end --------------------------------------------------------------------------------------
+
+def test_sigterm_removes_the_download_folder_and_gradios_copies(app_process):
+    """`python app.py` on the random pair writes a visitor's trace files, then gets SIGTERM (a container
+    stopping): it exits cleanly, and neither its download folder nor Gradio's copies of the files are left."""
+    process, url, tmp = app_process
+
+    def up() -> bool:
+        try:
+            return httpx.get(url + "gradio_api/info", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    assert wait_for(lambda: process.poll() is None and up(), timeout=120), "the app did not start"
+    with httpx.Client(base_url=url, timeout=60) as http:  # no gradio_client: no heartbeat for the app to wait on
+        out = rest(http, "/run", list({**RUN, "max_new_tokens": 8}.values()), "sigterm-visitor")
+        assert 'data-kind="ok"' in out[4]
+        rest(http, "/trace_files", ["via"], "sigterm-visitor")
+    folders = list(tmp.glob("via-sd-*"))
+    assert len(folders) == 1 and list(folders[0].glob("*/via-sd-trace-via.json"))
+    assert list((tmp / "gradio").rglob("via-sd-trace-via.json")), "Gradio served a copy"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0, (tmp / "stderr.txt").read_text()[-2000:]
+    assert not list(tmp.glob("via-sd-*")), "the download folder outlived SIGTERM"
+    assert not list((tmp / "gradio").rglob("via-sd-trace-*")), "Gradio's copies outlived SIGTERM"
