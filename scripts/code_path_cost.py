@@ -1,10 +1,12 @@
 """What the machine-independent forward costs: a verifier step, a prompt read and a drafter step, with ATen pinned
-to AVX2 and the fixed-order attention (as decoding runs) against ATen's own choice and torch's SDPA (as before).
+to AVX2 and the fixed-order attention (as decoding runs) against ATen's own choice and torch's SDPA (as before),
+and against the other way (ATen pinned, SDPA kept, MKL pinned to its COMPATIBLE branch, the only one Intel's
+documentation promises on other vendors' CPUs).
 
     flock /tmp/via-sd-heavy.lock .venv/bin/python scripts/code_path_cost.py --preset embedded --rounds 3
 
-ATen's code path is fixed per process, so each round runs two child processes, pinned and native
-(VIA_SD_ATEN=native), in rotating order; inside each the attention alternates between the kernel's and SDPA
+ATen's code path is fixed per process, so each round runs three child processes, pinned, native
+(VIA_SD_ATEN=native) and pinned with MKL_CBWR=COMPATIBLE, in rotating order; inside each the attention alternates between the kernel's and SDPA
 step by step. Printed: median milliseconds per setting, and today -> invariant as a paired ratio (median of the
 rounds' ratios).
 """
@@ -90,22 +92,30 @@ def main() -> None:
     rounds = []
     for r in range(args.rounds):
         row = {}
-        for aten in (("pinned", "native") if r % 2 == 0 else ("native", "pinned")):
+        order = ["pinned", "native", "compatible"]
+        for aten in order[r % 3:] + order[:r % 3]:
             env = dict(os.environ, VIA_SD_ATEN="native" if aten == "native" else "")
+            if aten == "compatible":  # the other way: SDPA kept, MKL pinned to the one branch it promises on AMD too
+                env["MKL_CBWR"] = "COMPATIBLE"
             out = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--steps",
                                   str(args.steps), "--context", str(args.context)], env=env, capture_output=True,
                                  text=True, check=True)
             row[aten] = json.loads(out.stdout.strip().splitlines()[-1])
         rounds.append(row)
         print(f"round {r + 1}: " + json.dumps(row), flush=True)
-    print(f"\n{'ms (median of rounds)':<24}{'today: native+SDPA':>20}{'invariant: AVX2+fixed':>24}{'ratio':>8}")
+    print(f"\n{'ms (median of rounds)':<18}{'today':>10}{'AVX2 + fixed order':>22}{'ratio':>8}"
+          f"{'AVX2 + MKL COMPATIBLE + SDPA':>30}{'ratio':>8}")
+    print(f"{'':<18}{'(native, SDPA)':>10}{'(chosen)':>22}")
     for part in ("verifier step", "prompt read", "drafter step"):
         if f"{part} fixed" not in rounds[0]["pinned"]:
             continue
         today = [row["native"][f"{part} sdpa"] for row in rounds]
-        new = [row["pinned"][f"{part} fixed"] for row in rounds]
-        ratio = statistics.median(n / t for n, t in zip(new, today))
-        print(f"{part:<24}{statistics.median(today):>20.2f}{statistics.median(new):>24.2f}{ratio:>8.3f}")
+        cells = []
+        for ways in ([row["pinned"][f"{part} fixed"] for row in rounds],
+                     [row["compatible"][f"{part} sdpa"] for row in rounds]):
+            cells.append((statistics.median(ways), statistics.median(n / t for n, t in zip(ways, today))))
+        print(f"{part:<18}{statistics.median(today):>10.2f}{cells[0][0]:>22.2f}{cells[0][1]:>8.3f}"
+              f"{cells[1][0]:>30.2f}{cells[1][1]:>8.3f}")
     print("(ATen paths: pinned", rounds[0]["pinned"]["aten"], "native", rounds[0]["native"]["aten"] + ")")
 
 

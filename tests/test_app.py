@@ -160,7 +160,8 @@ def test_the_device_line_names_the_low_bit_kernel():
     from via_sd.weights.linears import kernel_rule
 
     line = page.pair_line("cpu", "float32", "int4", "d", "v", "r", 0, 0.0, False, kernel_rule().split(" (")[0])
-    assert "int4 weights (via_sd q8-activation int4/int8 kernel, " in line or "int4 weights (torch's int4/int8" in line
+    assert "int4 weights (via_sd q8-activation int4/int8 kernel and fixed-order attention, " in line \
+        or "int4 weights (torch's int4/int8" in line
 
 
 # ---- views of the recorded traces -----------------------------------------------------------------

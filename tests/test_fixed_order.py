@@ -1,5 +1,5 @@
-"""The fixed-order forward (via_sd/numerics.py, attention.cpp): one order of arithmetic whatever the code path, on
-small inputs and a tiny int4 pair; tests/embedded/test_code_paths.py does the same on the real pair."""
+"""The fixed-order forward (via_sd/weights/numerics.py, attention.cpp): one order of arithmetic whatever the code
+path, on small inputs and a tiny int4 pair; tests/embedded/test_code_paths.py does the same on the real pair."""
 
 import json
 import os

@@ -7,14 +7,14 @@
 The engine imports neither gradio nor plotly. The public names below load on first use, so the pure
 modules (`via_sd.core.plan`: the tier rule and the round plan; `via_sd.cost.model`: the cost model;
 `via_sd.core.trace_check`) can be imported without torch, by `viz` and by pages that never load a model.
-Importing it pins torch's CPU code path (via_sd.numerics), so every entry point computes the same bits.
+Importing it pins torch's CPU code path (via_sd/weights/numerics.py), so every entry point computes the same bits.
 """
 
 from importlib import import_module
 
-from .numerics import pin
+from .weights.numerics import pin
 
-pin()  # before anything of ours loads torch: one ATen code path on every x86 machine (numerics.py)
+pin()  # before anything of ours loads torch: one ATen code path on every x86 machine (weights/numerics.py)
 
 _PUBLIC = {
     "core.decoding": ("METHODS", "Event", "generate", "stream", "stream_events"),

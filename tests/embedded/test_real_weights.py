@@ -120,4 +120,5 @@ def test_embedded_default_route_agreement_is_reproduced(embedded_pair):
     for key in ("calibration", "held_out"):
         if key in data:
             again = TeacherForced(pair.verifier, Calibration.from_dict(texts_[key])).evaluate(skip)
-            assert data[key]["top1_agreement"] == pytest.approx(again.agreement, abs=2e-3)
+            # the forward gives the same bits on every x86 path (test_code_paths.py): only the file's rounding remains
+            assert data[key]["top1_agreement"] == pytest.approx(again.agreement, abs=1e-4)
