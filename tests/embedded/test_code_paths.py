@@ -17,13 +17,13 @@ pytestmark = pytest.mark.embedded
 
 ROOT = Path(__file__).resolve().parents[2]
 # Each process forces one setting of every library at once (a process per value would cost minutes of loading):
-# a library that mattered would change the bits. The kernel's generic path is too slow for the 1.5B verifier (minutes
-# a token); tests/test_fixed_order.py runs it on a tiny int4 pair, and tests/test_lowbit_kernel.py at every width.
+# a library that mattered would change the bits. The kernel's own paths are forced on a tiny int4 pair
+# (tests/test_fixed_order.py) and at every width (tests/test_lowbit_kernel.py): here the generic path would take
+# minutes a token, and another path would re-measure the pair's cost profile, which names the kernel's path.
 FORCED = {
-    "AVX2 kernel, ATen default, MKL compatible, oneDNN AVX2":
-        {"VIA_SD_KERNEL": "avx2", "ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE",
-         "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_VERBOSE": "1"},
-    "best kernel, ATen AVX-512, MKL AVX-512, oneDNN AVX-512":
+    "ATen default, MKL compatible, oneDNN AVX2":
+        {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_VERBOSE": "1"},
+    "ATen AVX-512, MKL AVX-512, oneDNN AVX-512":
         {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
 }
 NEAR_TIE = 2  # the golden prompt whose fourth token is a near-tie: a changed summation order shows there first
