@@ -227,7 +227,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
             pair.drafter.to(device)
             pair.verifier.to(device)
             pair.device = device
-        _batch_invariant(pair.verifier, weights)
+        _batch_invariant(weights, pair.verifier, pair.drafter)
         pair.weights, pair.weights_requested = weights, requested
         return pair
     weights = resolve_weights(requested, device)
@@ -244,7 +244,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
                                      weights=weights)
         models.append(v_model)
-        _batch_invariant(v_model, weights)
+        _batch_invariant(weights, v_model, d_model)
         _check_same_tokenization(d_tok, v_tok, drafter, verifier)
         slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
     except Exception as err:
@@ -265,13 +265,15 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     return pair
 
 
-def _batch_invariant(verifier, weights: str) -> None:
-    """int4: the verifier's linears compute every row on its own; row attention makes the rest do so,
-    so a verification pass gives bit for bit the logits of one-token steps (greedy SD == greedy AR)."""
+def _batch_invariant(weights: str, *models) -> None:
+    """int4: the linears compute every row on its own; row attention makes the rest do so, so a verification pass
+    gives bit for bit the logits of one-token steps (greedy SD == greedy AR), and the drafter's transformers forward
+    the lean forward's attention (both the kernel's fixed order)."""
     if weights == "int4":
         from ..weights.row_attention import use_row_attention
 
-        use_row_attention(verifier)
+        for model in models:
+            use_row_attention(model)
 
 
 def char_tokenizer():
