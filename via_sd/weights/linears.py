@@ -18,7 +18,7 @@ from torch import nn
 from . import lowbit_kernel
 
 GROUP = 32
-BLOCK_N = 64       # rows per block of the CPU packed layout (checked by _layout_ok)
+BLOCK_N = 64       # layers of whole 64-row blocks take torch's CPU packing (blocks of 64 or 32 rows: _torch_block)
 TILE = 16          # outputs side by side in the project's kernel layout
 # Which path a low-bit pass takes, recorded in every trace (models.describe). Never a timing: a path chosen by a
 # timing at set-up once made a prompt's numbers depend on the machine.
@@ -73,24 +73,32 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack([packed & 15, packed >> 4], -1).flatten(-2)
 
 
-_LAYOUT_OK = None
+_TORCH_BLOCK = None
 
 
-def _unpack(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """The CPU packed layout back to codes [n, k]: blocks of 64 rows; per column 32 bytes whose low
-    nibbles are rows 0..31 and high nibbles rows 32..63 of the block (as AVX2/AVX512 builds pack)."""
-    b = packed.view(n // BLOCK_N, k, BLOCK_N // 2)
+def _unpack(packed: torch.Tensor, n: int, k: int, block: int | None = None) -> torch.Tensor:
+    """The CPU packed layout back to codes [n, k]: blocks of `block` rows (torch's, by default); per column
+    block / 2 bytes whose low nibbles are the block's first half of rows and high nibbles its second half."""
+    block = block or _torch_block() or BLOCK_N
+    b = packed.view(n // block, k, block // 2)
     return torch.cat([b & 15, b >> 4], -1).permute(0, 2, 1).reshape(n, k)
 
 
-def _layout_ok() -> bool:
-    """Does this build pack the way _unpack reads? (Checked once; if not, no de-quantize path.)"""
-    global _LAYOUT_OK
-    if _LAYOUT_OK is None:
+def _torch_block() -> int | None:
+    """Rows per block of torch's CPU int4 packing, which follows ATen's code path (64 rows with its AVX-512 code,
+    32 with the AVX2 code numerics.py pins): probed once; None where neither reads back (no de-quantize path)."""
+    global _TORCH_BLOCK
+    if _TORCH_BLOCK is None:
         q = torch.randint(0, 16, (2 * BLOCK_N, 2 * GROUP), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
         packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2)
-        _LAYOUT_OK = packed.shape == (2 * BLOCK_N, GROUP) and torch.equal(_unpack(packed, *q.shape).int(), q)
-    return _LAYOUT_OK
+        _TORCH_BLOCK = next((b for b in (64, 32) if packed.shape == (2 * BLOCK_N, GROUP)
+                             and torch.equal(_unpack(packed, *q.shape, b).int(), q)), 0)
+    return _TORCH_BLOCK or None
+
+
+def _layout_ok() -> bool:
+    """Does this build pack the way _unpack reads?"""
+    return _torch_block() is not None
 
 
 def _pack(q: torch.Tensor) -> torch.Tensor:
@@ -98,7 +106,8 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
     _unpack reads (no int32 copy), else torch's own packing."""
     n, k = q.shape
     if n % BLOCK_N == 0 and _layout_ok():
-        b = q.to(torch.uint8).view(n // BLOCK_N, 2, BLOCK_N // 2, k)
+        block = _torch_block()
+        b = q.to(torch.uint8).view(n // block, 2, block // 2, k)
         return (b[:, 0] | (b[:, 1] << 4)).transpose(1, 2).contiguous().view(n, k // 2)
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
 
@@ -200,10 +209,11 @@ class Int4Linear(nn.Module):
             packed, sm = _pack_tiles(q[where], s[where], m[where])
             bias = None if self.bias is None else self.bias[ids]
             return type(self)(packed, sm, bias, self.group)
-        blocks = torch.unique(ids // BLOCK_N)
-        chosen = self.packed.view(n // BLOCK_N, k * BLOCK_N // 2)[blocks].view(-1, k // 2)  # whole 64-row blocks
-        codes = _unpack(chosen, len(blocks) * BLOCK_N, k)
-        where = torch.searchsorted(blocks, ids // BLOCK_N) * BLOCK_N + ids % BLOCK_N
+        block = _torch_block()
+        blocks = torch.unique(ids // block)
+        chosen = self.packed.view(n // block, k * block // 2)[blocks].view(-1, k // 2)  # whole blocks of torch's
+        codes = _unpack(chosen, len(blocks) * block, k)
+        where = torch.searchsorted(blocks, ids // block) * block + ids % block
         sz = self.scales[:, ids]
         bias = None if self.bias is None else self.bias[ids]
         return type(self)(_pack(codes[where]), sz.contiguous(), bias, self.group)
