@@ -271,8 +271,9 @@ def test_embedded_pair_streams_real_text(browser, tmp_path):
         tokens.press("Enter")
         page.locator("#prompt textarea").fill("Write a Python function that adds two numbers.")
         page.evaluate(RECORD_JS)
-        page.locator("#run").click()
-        page.wait_for_selector('#via-tokens .via-live[data-state="decided"], #via-tokens .via-tok', timeout=120_000)
+        page.locator("#run").click()  # the page opens on a recorded run (no live chips): wait for this run's first
+        page.wait_for_function("window.__chips.some(c => c[0] === 'via-tokens' && c[3] === 'decided')",
+                               timeout=300_000)
         states = {state for pane, _, _, state in page.evaluate("window.__chips") if pane == "via-tokens"}
         assert "pending" in states, "the first drafts showed before any tier decided them"
         page.wait_for_selector("#via-tokens .via-tok", timeout=120_000)
