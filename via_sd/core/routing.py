@@ -106,11 +106,16 @@ def resolve_route(route, num_layers: int) -> Route:
 # Decoder families whose forward pass the slim verifier reproduces exactly (route "none" equals the
 # verifier's logits, tests/test_architectures.py); anything else is refused when the pair loads.
 FAMILIES = {
-    "llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2",
+    "llama": "Llama (Llama 3.x's rope scaling included)", "mistral": "Mistral (sliding window in every layer)",
+    "qwen2": "Qwen2", "qwen3": "Qwen3 (RMS norm of each head's queries and keys, inside attention)",
+    "phi3": "Phi-3 (fused qkv_proj and gate_up_proj; sliding window in every layer)",
     "gemma2": "Gemma2 (sandwich norms, final logit soft-capping)",
     "gemma3_text": "Gemma3 (sliding and global layers, rotary per layer type, soft-capping)",
     "granite": "Granite (embedding, residual and logit multipliers)",
 }
+
+# families without `layer_types` whose every layer slides when the config sets a window (their models pick one mask)
+EVERY_LAYER_SLIDES = ("mistral", "phi3")
 
 
 def _decoder_parts(verifier):
@@ -150,8 +155,8 @@ class SlimVerifier:
                              f"this verifier has {n} layers")
         validate_skip(route.skip, n)  # a route may not skip the first or last layer
         self.route = route
-        mistral_window = self.config.model_type == "mistral" and getattr(self.config, "sliding_window", None)
-        every = "sliding_attention" if mistral_window else "full_attention"  # Mistral slides in every layer
+        window = self.config.model_type in EVERY_LAYER_SLIDES and getattr(self.config, "sliding_window", None)
+        every = "sliding_attention" if window else "full_attention"
         self.layer_types = list(getattr(self.config, "layer_types", None) or [every] * n)
         self._gemma_norms = hasattr(self.base.layers[0], "pre_feedforward_layernorm")
         cfg = verifier.config
