@@ -9,6 +9,7 @@ from transformers import DynamicCache
 from via_sd import DecodeConfig, ModelLoadError, Route, Thresholds, Trace, generate, load_pair, tiny_random_pair
 from via_sd.core.pair import char_tokenizer
 from via_sd.core.routing import resolve_route
+from via_sd.core.shared_vocab import tokenizer_difference
 
 
 def test_slim_verifier_shares_the_verifiers_weights(tiny_routed_pair):
@@ -117,13 +118,18 @@ def test_unknown_preset_and_unreadable_models_are_clear_errors(tmp_path):
         load_pair(drafter=str(tmp_path / "empty"), verifier=str(tmp_path / "empty"))
 
 
-def test_pairs_load_from_local_folders_and_mismatched_tokenizers_are_refused(tmp_path):
+def save_tiny_pair(folder):
+    """The tiny random pair saved as two model folders, as a person would bring their own; returns their paths."""
     pair = tiny_random_pair()
     for name, model in (("drafter", pair.drafter), ("verifier", pair.verifier)):
-        model.save_pretrained(tmp_path / name)
-        pair.tokenizer.save_pretrained(tmp_path / name)
-    loaded = load_pair(drafter=str(tmp_path / "drafter"), verifier=str(tmp_path / "verifier"), route=["attn.1"],
-                       device="cpu")
+        model.save_pretrained(folder / name)
+        pair.tokenizer.save_pretrained(folder / name)
+    return str(folder / "drafter"), str(folder / "verifier")
+
+
+def test_pairs_load_from_local_folders_and_mismatched_tokenizers_are_refused(tmp_path):
+    drafter, verifier = save_tiny_pair(tmp_path)
+    loaded = load_pair(drafter=drafter, verifier=verifier, route=["attn.1"], device="cpu")
     cfg = DecodeConfig(max_new_tokens=12, chat=False)
     assert generate(loaded, "hello", "sd", cfg).token_ids == generate(loaded, "hello", "ar", cfg).token_ids
     assert loaded.route.skip == ("attn.1",)
@@ -131,5 +137,50 @@ def test_pairs_load_from_local_folders_and_mismatched_tokenizers_are_refused(tmp
     other = char_tokenizer()
     other.add_tokens(["world"])  # "world" becomes one token for this "verifier" only
     other.save_pretrained(tmp_path / "verifier")
-    with pytest.raises(ValueError, match="drafter .* and verifier .* tokenize differently"):
-        load_pair(drafter=str(tmp_path / "drafter"), verifier=str(tmp_path / "verifier"), device="cpu")
+    with pytest.raises(ValueError, match=r"drafter .* and verifier .* do not share a tokenizer: vocabularies differ "
+                                         r"\(drafter 98, verifier 99\): 1 only in the verifier's \('world'\)"):
+        load_pair(drafter=drafter, verifier=verifier, device="cpu")
+
+
+def test_special_tokens_and_ids_are_compared_and_nothing_is_loaded_before(tmp_path):
+    """A vocabulary whose special tokens differ is refused by name, before either model's weights are read (here
+    the verifier folder has none: the tokenizer check must come first)."""
+    drafter, _ = save_tiny_pair(tmp_path)
+    verifier = tmp_path / "no-weights"
+    verifier.mkdir()
+    (verifier / "config.json").write_text((tmp_path / "verifier" / "config.json").read_text())
+    other = char_tokenizer()
+    other.add_special_tokens({"additional_special_tokens": ["<|im_end|>"]})
+    other.save_pretrained(verifier)
+    with pytest.raises(ValueError, match="vocabularies differ .*only in the verifier's \\('<\\|im_end\\|>'\\)"):
+        load_pair(drafter=drafter, verifier=str(verifier), device="cpu")
+    marked = char_tokenizer()  # the same vocabulary, but "#" is a special token of this verifier's
+    marked.add_special_tokens({"additional_special_tokens": ["#"]})
+    marked.save_pretrained(verifier)
+    with pytest.raises(ValueError, match=r"special tokens differ \(drafter 2, verifier 3\): 1 only in the verifier's "
+                                         r"\('#'\)"):
+        load_pair(drafter=drafter, verifier=str(verifier), device="cpu")
+    assert tokenizer_difference(char_tokenizer(), char_tokenizer()) is None
+
+
+def test_a_pair_without_a_route_says_so_and_finds_one_searched_later(tmp_path, capsys):
+    from via_sd import NO_ROUTE, NoRouteWarning
+    from via_sd.__main__ import main
+    from via_sd.route_search import model_identity, pick_route, route_cache_dir
+
+    drafter, verifier = save_tiny_pair(tmp_path)
+    with pytest.warns(NoRouteWarning, match="no slim route yet: the slim verifier is the full model"):
+        pair = load_pair(drafter=drafter, verifier=verifier, device="cpu")
+    assert pair.route.skip == () and pair.route.meta["missing"] and NO_ROUTE.startswith("no slim route yet")
+    assert main(["generate", "--drafter", drafter, "--verifier", verifier, "--prompt", "hi", "--weights", "fp32",
+                 "--gamma", "2", "--max-new-tokens", "4", "--no-chat"]) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {NO_ROUTE}" in err and f"route --drafter {drafter} --verifier {verifier}" in err
+
+    searched = {"skip": ["mlp.2"], "num_layers": 4, "model": model_identity(pair)}  # as the app's search caches one
+    route_cache_dir().mkdir(parents=True, exist_ok=True)
+    (route_cache_dir() / "tiny-s10.json").write_text(json.dumps(searched))
+    try:
+        assert pick_route(pair).skip == ("mlp.2",) and not pair.route.meta.get("missing")
+    finally:
+        (route_cache_dir() / "tiny-s10.json").unlink()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 
 
 def add_pair_arguments(parser: argparse.ArgumentParser) -> None:
@@ -63,14 +64,20 @@ def print_progress(message: str, fraction: float) -> None:
 
 def pair_from_args(args, weights: str | None = None):
     """The pair the flags name, with the route a face gives it at once (a provisional one never waits on a search)."""
-    from .. import load_pair
+    from .. import NoRouteWarning, load_pair
+    from ..core.pair import no_route_message
     from ..route_search.resolve import pick_route
 
     model = None if drafter_kind(args) else args.drafter  # --drafter names who drafts, or the drafter model
     preset = args.preset or (None if model or args.verifier else "embedded")
-    pair = load_pair(preset, drafter=model, verifier=args.verifier, route=parse_route(args.route),
-                     device=args.device, weights=weights or getattr(args, "weights", "auto"), progress=print_progress)
+    with warnings.catch_warnings():  # said once below, after a route searched earlier was looked for
+        warnings.simplefilter("ignore", NoRouteWarning)
+        pair = load_pair(preset, drafter=model, verifier=args.verifier, route=parse_route(args.route),
+                         device=args.device, weights=weights or getattr(args, "weights", "auto"),
+                         progress=print_progress)
     pick_route(pair, progress=print_progress)
+    if pair.route.meta.get("missing"):
+        print(f"warning: {no_route_message(pair.drafter_name, pair.verifier_name)}", file=sys.stderr, flush=True)
     return pair
 
 

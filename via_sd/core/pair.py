@@ -9,6 +9,7 @@ verifier (see routing.py), so a pair holds two sets of weights, not three.
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -18,6 +19,7 @@ import torch
 from .opening import Openings
 from .provisional import provisional_route
 from .routing import Route, SlimVerifier, resolve_route
+from .shared_vocab import check_shared_tokenizer, load_tokenizer
 
 PRESETS = {
     "embedded": {"drafter": "embedded:drafter", "verifier": "embedded:verifier", "route": "embedded-default",
@@ -31,14 +33,30 @@ PRESETS = {
     "random": {"drafter": "random:drafter", "verifier": "random:verifier", "route": "none",
                "about": "tiny random-weight Llama pair built in memory (mechanics only, gibberish text)"},
 }
-# Sentences whose token ids a drafter and verifier must agree on.
-_TOKENIZER_PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
+# What every face says of a pair loaded without a route (load_pair's warning, the CLI, the app's model line).
+NO_ROUTE = "no slim route yet: the slim verifier is the full model"
 
 Progress = Callable[[str, float], None]
 
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message says what to change."""
+
+
+class NoRouteWarning(UserWarning):
+    """A pair was loaded without a slim route: tier B runs the full model and saves nothing."""
+
+
+def unrouted(num_layers: int) -> Route:
+    """The route of a pair loaded without one: skips nothing, and says it is missing (`Route.meta["missing"]`)."""
+    return Route("none", (), num_layers, {"missing": True})
+
+
+def no_route_message(drafter: str, verifier: str) -> str:
+    """NO_ROUTE, and how to get a route for this pair."""
+    return (f"{NO_ROUTE} (tier B saves nothing). Search one once, cached for this verifier: in the app's model "
+            f"panel, or python -m via_sd route --drafter {drafter} --verifier {verifier} --out route.json; then "
+            "pass route='route.json' (--route route.json)")
 
 
 @dataclass
@@ -132,9 +150,9 @@ def _report(progress: Progress | None, message: str, fraction: float) -> None:
 
 def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32",
                 exact_top1: bool = True):
-    """A causal LM and its tokenizer from a hub id, a local folder, a .gguf file or a codes cache.
+    """A causal LM from a hub id, a local folder, a .gguf file or a codes cache (`_check_source` passed).
     `exact_top1`: see gguf_pack.build_model (True for a verifier, False for a drafter)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     from ..weights.gguf_pack import WEIGHTS_FILE, Entries, build_model, gguf_config
     from ..weights.settings import apply_weights
@@ -145,32 +163,45 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
         model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights,
                             exact_top1=exact_top1)
         model.generation_config = GenerationConfig.from_pretrained(source)
-        return model.to(device).eval(), AutoTokenizer.from_pretrained(source)
+        return model.to(device).eval()
     if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
         from gguf import GGUFReader
 
         reader = GGUFReader(source)
         config = gguf_config(source, reader)
-        model = build_model(config, Entries.from_gguf(source, config, reader), weights, exact_top1=exact_top1)
-        path = Path(source)
-        return model.eval(), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        return build_model(config, Entries.from_gguf(source, config, reader), weights, exact_top1=exact_top1).eval()
     kwargs = {"dtype": dtype, "trust_remote_code": False}
-    folder, gguf = source, None
+    folder = source
     if source.endswith(".gguf"):
-        path = Path(source)
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file {source} does not exist")
-        folder, gguf = str(path.parent), path.name
-        kwargs["gguf_file"] = gguf
-    elif Path(source).exists() and not Path(source, "config.json").is_file():
-        raise ModelLoadError(f"{source} is a folder without config.json: point at a saved model folder")
+        folder, kwargs["gguf_file"] = str(Path(source).parent), Path(source).name
     if spread:
         kwargs["device_map"] = "auto"  # accelerate places layers over every visible GPU
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf, trust_remote_code=False)
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if not spread:
         model.to(device)
-    return apply_weights(model.eval(), weights), tokenizer
+    return apply_weights(model.eval(), weights)
+
+
+def _check_source(source: str) -> None:
+    """A missing .gguf file or a folder that holds no saved model, named before anything is read."""
+    if source.endswith(".gguf") and not Path(source).is_file():
+        raise ModelLoadError(f"GGUF file {source} does not exist")
+    if Path(source).is_dir() and not Path(source, "config.json").is_file():
+        raise ModelLoadError(f"{source} is a folder without config.json: point at a saved model folder")
+
+
+def _shared_tokenizer(drafter: str, verifier: str, sources: tuple[str, str], progress: Progress | None):
+    """The verifier's tokenizer, once the drafter's is known to be the same (read before any weights)."""
+    _report(progress, "reading the tokenizers", 0.02)
+    tokenizers = []
+    for name, source in zip((drafter, verifier), sources):
+        _check_source(source)
+        try:
+            tokenizers.append(load_tokenizer(source))
+        except Exception as err:
+            raise ModelLoadError(f"could not read the tokenizer of {name!r}: {type(err).__name__}: {err}") from err
+    check_shared_tokenizer(*tokenizers, drafter, verifier)
+    return tokenizers[1]
 
 
 def _resolve_source(source: str, progress: Progress | None) -> str:
@@ -182,22 +213,15 @@ def _resolve_source(source: str, progress: Progress | None) -> str:
     return source
 
 
-def _check_same_tokenization(drafter_tok, verifier_tok, drafter_name: str, verifier_name: str) -> None:
-    for text in _TOKENIZER_PROBES:
-        a, b = drafter_tok(text).input_ids, verifier_tok(text).input_ids
-        if a != b:
-            raise ValueError(
-                f"drafter {drafter_name!r} and verifier {verifier_name!r} tokenize differently "
-                f"({text!r} -> {a[:8]}... vs {b[:8]}...); speculative decoding needs one shared vocabulary: "
-                "pick models of the same family")
-
-
 def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier: str | None = None,
               route=None, device=None, dtype=None, weights: str = "auto",
               progress: Progress | None = None) -> ModelPair:
     """Load a preset ("embedded", "gpu", "cpu", "tiny", "random") or a free drafter/verifier choice.
 
-    `route`: a shipped route name, a JSON path, a list like ["attn.7", "mlp.12"], or "none".
+    `route`: a shipped route name, a JSON path, a list like ["attn.7", "mlp.12"], or "none". A free pair given none
+    runs `unrouted` and warns (NoRouteWarning: NO_ROUTE); `via_sd.route_search.pick_route` then finds a route searched
+    for this verifier earlier, `route_for` searches one. The two tokenizers are compared before any weights are read
+    (vocabulary, special tokens, sample text: `shared_vocab`); a mismatch is a ValueError naming what differs.
     `weights`: "auto" (int4 on CPU, bf16 on CUDA; fp32 for the tiny "random" pair), "fp32", "bf16",
     or "int4" (see lowbit.py). `device`: "cpu", "cuda" (an error when torch sees no CUDA device) or a torch.device.
     """
@@ -233,20 +257,20 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     weights = resolve_weights(requested, device)
     dtype = dtype or (torch.bfloat16 if weights == "bf16" else torch.float32)
 
+    sources = (_resolve_source(drafter, progress), _resolve_source(verifier, progress))
+    v_tok = _shared_tokenizer(drafter, verifier, sources, progress)  # a mismatched pair loads no weights
     models = []
     try:
         _report(progress, f"loading drafter {drafter}", 0.05)
-        d_model, d_tok = _load_model(_resolve_source(drafter, progress), dtype, device, spread=False, weights=weights,
-                                     exact_top1=False)
+        d_model = _load_model(sources[0], dtype, device, spread=False, weights=weights, exact_top1=False)
         models.append(d_model)
         _report(progress, f"loading verifier {verifier}", 0.5)
         spread = device.type == "cuda" and torch.cuda.device_count() > 1
-        v_model, v_tok = _load_model(_resolve_source(verifier, progress), dtype, device, spread=spread,
-                                     weights=weights)
+        v_model = _load_model(sources[1], dtype, device, spread=spread, weights=weights)
         models.append(v_model)
         _batch_invariant(weights, v_model, d_model)
-        _check_same_tokenization(d_tok, v_tok, drafter, verifier)
-        slim = SlimVerifier(v_model, resolve_route(route, v_model.config.num_hidden_layers))
+        n = v_model.config.num_hidden_layers
+        slim = SlimVerifier(v_model, unrouted(n) if route is None and preset is None else resolve_route(route, n))
     except Exception as err:
         models.clear()  # nothing half-loaded stays in memory
         gc.collect()
@@ -261,6 +285,8 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
                      device, dtype, weights, requested)
     if preset is not None and route is None:  # no shipped route: a rule's at once (faces then call pick_route)
         pair.set_route(provisional_route(v_model.config.num_hidden_layers))
+    if pair.route.meta.get("missing"):  # the faces look for a cached searched route (pick_route) and say so too
+        warnings.warn(no_route_message(drafter, verifier), NoRouteWarning, stacklevel=2)
     _report(progress, "models ready", 1.0)
     return pair
 

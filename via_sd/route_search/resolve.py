@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..core.pair import NO_ROUTE
 from ..core.routing import Route, resolve_route
 from .cache import BASELINE_DIR, model_identity, route_cache_dir, saved_routes, slug
 from .calibrate import default_texts
@@ -55,13 +56,15 @@ def route_for(pair, progress=None, skip_ratio: float | None = None, stop=None) -
 
 
 def pick_route(pair, progress=None) -> Route:
-    """The route a face runs for a freshly loaded pair, at once: the pair's own unless it is provisional,
-    then a shipped or cached searched route for this verifier if one exists. Never searches (`route_for` does)."""
-    if not pair.route.meta.get("provisional"):
+    """The route a face runs for a freshly loaded pair, at once: the pair's own unless it is provisional or
+    missing (a free pair loaded without one: `core.pair.unrouted`), then a shipped or cached searched route for this
+    verifier if one exists. Never searches (`route_for` does)."""
+    if not (pair.route.meta.get("provisional") or pair.route.meta.get("missing")):
         return pair.route
     found = saved_route(pair)
     if found is None:
-        report(progress, f"no searched route for {pair.verifier_name} yet: using the provisional rule", 1.0)
+        rule = NO_ROUTE if pair.route.meta.get("missing") else "using the provisional rule"
+        report(progress, f"no searched route for {pair.verifier_name} yet: {rule}", 1.0)
         return pair.route
     pair.set_route(found)
     report(progress, f"using the cached route {found.name} for {pair.verifier_name}", 1.0)
@@ -71,7 +74,8 @@ def pick_route(pair, progress=None) -> Route:
 def how_made(route: Route) -> str:
     """One line on a route: its name, what it skips, and how it was made (provisional routes say so)."""
     skipped = f"{len(route.skip)} sub-layers skipped ({route.skip_fraction:.0%})" if route.skip else "nothing skipped"
-    method = route.meta.get("method") or ("no route: the slim verifier is the full one" if route.name == "none"
+    method = route.meta.get("method") or (NO_ROUTE if route.meta.get("missing") else
+                                          "no route: the slim verifier is the full one" if route.name == "none"
                                           else "given by hand")
     search = route.meta.get("search", {})
     if search.get("objective"):

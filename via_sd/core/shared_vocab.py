@@ -1,0 +1,81 @@
+"""One tokenizer for the drafter and the verifier: the check made before either model's weights are read.
+
+Speculative decoding hands the drafter's token ids to the verifier, so both must map text to the same ids: the same
+vocabulary (token -> id), the same special tokens (the chat template's markers, end of sequence, padding), and
+the same ids for sample text (a normalizer or a BOS token of one model only shows there). `tokenizer_difference`
+names the first of these that differs, in words a person can act on; `load_tokenizer` reads a model's tokenizer
+alone, so a mismatched pair is refused in seconds with nothing loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Sentences whose token ids a drafter and verifier must agree on.
+PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
+SHOWN = 3  # examples named per difference
+
+
+def load_tokenizer(source: str):
+    """The tokenizer of a hub id, a saved model folder or a .gguf file (never remote code)."""
+    from transformers import AutoTokenizer
+
+    if source.endswith(".gguf"):
+        path = Path(source)
+        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+
+
+def special_tokens(tokenizer) -> dict[str, int]:
+    """Every special token of a tokenizer with its id: the named ones (eos, pad, ...) and the added special ones."""
+    found = {tok: tokenizer.convert_tokens_to_ids(tok) for tok in tokenizer.all_special_tokens}
+    for token_id, added in getattr(tokenizer, "added_tokens_decoder", {}).items():
+        if getattr(added, "special", False):
+            found[str(added)] = int(token_id)
+    return found
+
+
+def _examples(tokens, mapping: dict | None = None) -> str:
+    shown = sorted(tokens, key=str)[:SHOWN]
+    words = [f"{t!r} = {mapping[t]}" if mapping else repr(t) for t in shown]
+    more = f" and {len(tokens) - SHOWN} more" if len(tokens) > SHOWN else ""
+    return ", ".join(words) + more
+
+
+def _mapping_difference(what: str, drafter: dict, verifier: dict) -> str | None:
+    """"vocabularies differ: ..." naming tokens only one side has and tokens whose ids differ; None if equal."""
+    if drafter == verifier:
+        return None
+    only_d, only_v = set(drafter) - set(verifier), set(verifier) - set(drafter)
+    moved = {t for t in set(drafter) & set(verifier) if drafter[t] != verifier[t]}
+    parts = []
+    if only_d:
+        parts.append(f"{len(only_d)} only in the drafter's ({_examples(only_d)})")
+    if only_v:
+        parts.append(f"{len(only_v)} only in the verifier's ({_examples(only_v)})")
+    if moved:
+        parts.append(f"{len(moved)} with other ids (drafter {_examples(moved, drafter)}; "
+                     f"verifier {_examples(moved, verifier)})")
+    return f"{what} differ (drafter {len(drafter)}, verifier {len(verifier)}): " + "; ".join(parts)
+
+
+def tokenizer_difference(drafter_tok, verifier_tok) -> str | None:
+    """What differs between two tokenizers, in words; None when the drafter and verifier share one."""
+    found = _mapping_difference("vocabularies", drafter_tok.get_vocab(), verifier_tok.get_vocab())
+    found = found or _mapping_difference("special tokens", special_tokens(drafter_tok), special_tokens(verifier_tok))
+    if found:
+        return found
+    for text in PROBES:
+        a, b = drafter_tok(text).input_ids, verifier_tok(text).input_ids
+        if a != b:
+            return f"they tokenize {text!r} differently (drafter {a[:8]}, verifier {b[:8]})"
+    return None
+
+
+def check_shared_tokenizer(drafter_tok, verifier_tok, drafter_name: str, verifier_name: str) -> None:
+    """A ValueError naming what differs when the two tokenizers are not one."""
+    difference = tokenizer_difference(drafter_tok, verifier_tok)
+    if difference:
+        raise ValueError(f"drafter {drafter_name!r} and verifier {verifier_name!r} do not share a tokenizer: "
+                         f"{difference}. Speculative decoding hands the drafter's token ids to the verifier: pick two "
+                         "models of one family with one tokenizer")
