@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from studio import api, costs, lab, layout, memory, recorded, runs, views
+from studio import api, batch, costs, lab, layout, memory, recorded, runs, views
 from studio.downloads import forget_session
 from studio.lab import CUSTOM
 from studio.layout import DEFAULTS  # noqa: F401  (the values the controls start at, for scripts)
@@ -200,7 +200,7 @@ def wire_searches(demo: gr.Blocks, ui: SimpleNamespace, timer: gr.Timer) -> None
         lab.measure_sweep, [ui.prompt, ui.model, ui.gamma, ui.signal, ui.temperature, ui.max_new_tokens, ui.seed,
                             ui.route, ui.sweep_accepts, ui.sweep_escalates, ui.accept, ui.escalate, ui.theme,
                             ui.sweep_ticket], [ui.frontier_plot, ui.status],
-        **public("sweep", preprocess=False, **ON_MODEL))
+        **public("sweep_plot", preprocess=False, **ON_MODEL))
 
 
 def wire_trace_and_learn(ui: SimpleNamespace) -> None:
@@ -233,8 +233,15 @@ def wire_api(ui: SimpleNamespace) -> None:
     /what_if's and /learn's): the handlers check every one against the one table of bounds (`studio.inputs`,
     `via_sd.core.bounds.BOUNDS`) and refuse it by name, where Gradio's own checks would coerce ("yes" -> true,
     1.5 -> 2) or refuse without naming it."""
-    ui.compare_trigger.click(api.compare, [*run_inputs(ui)[:-1], ui.drafter], [ui.comparison],  # not the pace
+    ui.compare_trigger.click(api.compare, [*run_inputs(ui)[:-1], ui.drafter, *ui.knobs], [ui.comparison],  # no pace
                              **public("compare", show_progress="hidden", preprocess=False, **ON_MODEL))
+    decoding = [ui.temperature, ui.max_new_tokens, ui.seed, ui.route, ui.drafter, *ui.knobs]
+    ui.bench_trigger.click(batch.bench, [ui.prompts, ui.methods, ui.repeats, ui.warmup, ui.fidelity, ui.limit,
+                                         ui.model, ui.gamma, ui.accept, ui.escalate, ui.signal, *decoding],
+                           [ui.bench_result], **public("bench", preprocess=False, **ON_MODEL))
+    ui.sweep_trigger.click(batch.sweep, [ui.prompts, ui.accepts, ui.escalates, ui.repeats, ui.warmup, ui.limit,
+                                         ui.model, ui.gamma, ui.signal, *decoding],
+                           [ui.sweep_result], **public("sweep", preprocess=False, **ON_MODEL))
     ui.estimate_trigger.click(api.what_if_estimate, [ui.trace_in, ui.accept, ui.escalate, ui.signal],
                               [ui.estimate], **public("what_if_estimate", preprocess=False, **LIGHT))
 

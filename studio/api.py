@@ -24,15 +24,16 @@ from via_sd import Trace
 from via_sd.core.trace_check import NotJSONError, TraceError, load_traces_json
 
 from .gpu import gpu
-from .inputs import UserError, input_schemas, make_thresholds, refuse
+from .inputs import KNOBS, UserError, input_schemas, make_thresholds, refuse
 from .runs import decode_comparison, ending, fidelity_of, run_duration, runs_of
 from .sessions import SESSIONS
 
 log = logging.getLogger("via_sd.app")
 COMPARISON_SCHEMA = "via-sd-comparison/1"
 SUMMARY_KEYS = ("new_tokens", "wall_ms", "tokens_per_s", "predicted_tokens_per_s", "tier_counts", "rejection_rate",
-                "verified_rejection_rate", "mean_accepted_length", "drafted", "full_calls", "full_calls_per_token",
-                "slim_calls", "prompt_tokens", "opening_tokens")
+                "verified_rejection_rate", "mean_accepted_length", "acceptance_by_position", "exact_share",
+                "unverified_share", "first_token_ms", "drafted", "full_calls", "full_calls_per_token", "slim_calls",
+                "prompt_tokens", "opening_tokens")
 STATUS_OF_KIND = {"ok": "done", "stop": "stopped"}
 
 
@@ -78,17 +79,21 @@ def comparison_json(traces: dict, settings: dict, status: str, message: str, fid
 
 @gpu(duration=run_duration)
 def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens, seed, route,
-            with_ar=True, drafter="model", request: gr.Request = None, progress=gr.Progress()) -> dict:
+            with_ar=True, drafter="model", top_p=KNOBS["top_p"], draft_stop=KNOBS["draft_stop"],
+            max_unverified=KNOBS["max_unverified"], chat=KNOBS["chat"], lookup_ngram=KNOBS["lookup_ngram"],
+            lookup_tokens=KNOBS["lookup_tokens"], exit_layer=KNOBS["exit_layer"], request: gr.Request = None,
+            progress=gr.Progress()) -> dict:
     """Decode one prompt with VIA-SD, then plain speculative decoding (SD), then (with_ar) autoregressive decoding
     (AR) on the same models, and return the numbers as JSON: per method its summary (tokens/s, predicted tokens/s,
-    speed-up against AR and SD, tier counts, rejection rates, mean accepted length, full-model calls, the full
-    model's agreement), its text and its whole trace (schema via-sd-trace/1), plus the measured speed-ups and the
-    cost profile used. Stop (/stop) ends it between rounds: partial traces come back with status "stopped".
+    speed-up against AR and SD, tier counts, rejection rates, mean accepted length, acceptance by draft position,
+    exact share, time to the first decided token, full-model calls, the full model's agreement), its text and its
+    whole trace (schema via-sd-trace/1), plus the measured speed-ups and the cost profile used. Every setting of
+    `via_sd generate` is here, with its defaults. Stop (/stop) ends it between rounds: partial traces come back with status "stopped".
 
     Args:
         prompt: the text to continue (a chat prompt: the chat template is applied)
         preset: the model pair to decode with, one of the "Model preset" choices (default: the served pair)
-        gamma: drafts per round, a whole number; 0 lets the engine pick each round's from this machine's costs
+        gamma: drafts per round, a whole number; 0 or "auto" lets the engine pick each round's from this machine's costs
         accept: tier A threshold in [0, 1]: a draft with confidence >= accept is kept with no verifier
         escalate: tier C threshold in [0, accept]: a draft with confidence < escalate goes to the full model
         signal: whose confidence sorts the tiers: "slim" (the slim verifier, the paper's rule) or "draft"
@@ -99,18 +104,27 @@ def compare(prompt, preset, gamma, accept, escalate, signal, temperature, max_ne
         with_ar: also decode with the full model alone (AR), the baseline of the speed-ups against AR
         drafter: who proposes the drafts: "model" (the pair's drafter), "lookup" (prompt lookup), "hybrid" (lookup
             when it matches, else the model) or "early-exit" (the verifier's first layers)
+        top_p: nucleus sampling: sample among the most likely tokens whose probabilities sum to top_p (0 < top_p <= 1)
+        draft_stop: end a round's drafting once the drafter's p(x) falls below this, in [0, 1] (0: never)
+        max_unverified: send a round to a verifier after this many tokens in a row kept with none (0: no bound)
+        chat: apply the tokenizer's chat template to the prompt (false: continue the raw text)
+        lookup_ngram: prompt lookup: the longest n-gram matched (1 to 16)
+        lookup_tokens: prompt lookup: the most tokens one match drafts (1 to 64)
+        exit_layer: early exit: the verifier's layers that draft (0: half of them)
     """
     job = SESSIONS.get(request).job("run")
+    knobs = {"top_p": top_p, "draft_stop": draft_stop, "max_unverified": max_unverified, "chat": chat,
+             "lookup_ngram": lookup_ngram, "lookup_tokens": lookup_tokens, "exit_layer": exit_layer}
     settings = {"prompt": prompt, "gamma": gamma, "accept": accept, "escalate": escalate, "signal": signal,
                 "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed, "route": route,
-                "with_ar": with_ar, "drafter": drafter}
+                "with_ar": with_ar, "drafter": drafter, **knobs}
     traces: dict = {"ticket": job.ticket, "preset": preset}
     if job.is_set():  # Stop pressed while this call waited in the queue
         return comparison_json(traces, settings, "stopped", "Stopped before it started (Stop was pressed while the "
                                "comparison waited in the queue).", None)
     try:
         for _ in decode_comparison(job, traces, prompt, preset, gamma, accept, escalate, signal, temperature,
-                                   max_new_tokens, seed, route, with_ar, progress, drafter=drafter):
+                                   max_new_tokens, seed, route, with_ar, progress, drafter=drafter, **knobs):
             pass
         message, kind = ending(job, traces)
         fidelity = None if job.is_set() else fidelity_of(traces, stop=job.is_set)

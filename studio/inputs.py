@@ -9,7 +9,7 @@ import re
 import gradio as gr
 
 from via_sd import DecodeConfig, Thresholds
-from via_sd.core.bounds import BOUNDS, MAX_FIXED_GAMMA, SEED_MAX, Bound  # noqa: F401 (SEED_MAX: scripts)
+from via_sd.core.bounds import BOUNDS, MAX_FIXED_GAMMA, MAX_NEW_TOKENS, SEED_MAX, Bound  # noqa: F401 (SEED_MAX)
 from via_sd.core.config import DRAFTERS, MIN_TEMPERATURE
 from via_sd.core.trace_check import SIGNALS
 
@@ -17,6 +17,14 @@ MAX_PROMPT_CHARS = 6000
 MAX_NAME_CHARS = 200  # a route's or preset's name
 MAX_ROUTE_SKIPS = 1024  # sub-layers a route given as a list may skip
 GAMMA = Bound(True, 0, MAX_FIXED_GAMMA)  # the page's gamma: 0 = "auto", else the engine's fixed length
+# the knobs `via_sd generate` sets that the page has no control for: their bounds here, their defaults DecodeConfig's
+TOP_P = Bound(False, 0.0, 1.0)  # and above 0
+MAX_UNVERIFIED = Bound(True, 0, MAX_NEW_TOKENS)  # 0: no bound; a bound above max_new_tokens never binds
+EXIT_LAYER = Bound(True, 0, 4096)  # 0: half the verifier's layers
+KNOBS = {"top_p": DecodeConfig.top_p, "draft_stop": DecodeConfig.draft_stop,
+         "max_unverified": DecodeConfig.max_unverified, "chat": DecodeConfig.chat,
+         "lookup_ngram": DecodeConfig.lookup_ngram, "lookup_tokens": DecodeConfig.lookup_tokens,
+         "exit_layer": DecodeConfig.exit_layer}
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_GRID = 24  # settings in one measured sweep
 MAX_GRID_CHARS = 400  # characters in one grid field: checked before the text is parsed
@@ -105,14 +113,44 @@ def make_thresholds(accept, escalate, signal="slim") -> Thresholds:
         raise UserError(f"Thresholds: {err}") from err
 
 
-def make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter="model") -> DecodeConfig:
+def check_gamma(value):
+    """The page's 0 or the CLI's "auto" (the engine picks each round's length), else a fixed length."""
+    if value == "auto":
+        return "auto"
+    if not GAMMA.allows(value):
+        raise UserError(f"Settings: gamma must be {GAMMA.allowed} (0 or \"auto\": picked each round), "
+                        f"got {shown(value)}.")
+    return "auto" if value == 0 else int(value)
+
+
+def check_knobs(top_p=KNOBS["top_p"], draft_stop=KNOBS["draft_stop"], max_unverified=KNOBS["max_unverified"],
+                chat=KNOBS["chat"], lookup_ngram=KNOBS["lookup_ngram"], lookup_tokens=KNOBS["lookup_tokens"],
+                exit_layer=KNOBS["exit_layer"]) -> dict:
+    """The rest of what `via_sd generate` sets, checked by name (DecodeConfig's defaults): DecodeConfig's keywords."""
+    top_p = number("top_p", top_p, TOP_P)
+    if top_p <= 0:
+        raise UserError(f"Settings: top_p must be a number above 0 and at most 1, got {shown(top_p)}.")
+    return {"top_p": top_p, "draft_stop": number("draft_stop", draft_stop),
+            "max_unverified": number("max_unverified", max_unverified, MAX_UNVERIFIED), "chat": flag("chat", chat),
+            "lookup_ngram": number("lookup_ngram", lookup_ngram),
+            "lookup_tokens": number("lookup_tokens", lookup_tokens),
+            "exit_layer": number("exit_layer", exit_layer, EXIT_LAYER)}
+
+
+def make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter="model",
+                **knobs) -> DecodeConfig:
+    """A run's DecodeConfig from the page's settings and, by name, the other knobs of `via_sd generate` (`KNOBS`)."""
     thresholds = make_thresholds(accept, escalate, signal)
-    gamma, max_new_tokens = number("gamma", gamma, GAMMA), number("max_new_tokens", max_new_tokens)
+    gamma, max_new_tokens = check_gamma(gamma), number("max_new_tokens", max_new_tokens)
     temperature, seed = number("temperature", temperature), number("seed", seed)
     drafter = choice("drafter", drafter, DRAFTERS)
-    try:  # gamma 0 on the page: the engine picks each round's length from the cost profile (gamma="auto")
-        return DecodeConfig(gamma="auto" if gamma == 0 else gamma, max_new_tokens=max_new_tokens,
-                            temperature=temperature, seed=seed, thresholds=thresholds, drafter=drafter)
+    unknown = sorted(set(knobs) - set(KNOBS))
+    if unknown:
+        raise UserError(f"Settings: no setting named {', '.join(unknown)}; the others are {', '.join(KNOBS)}.")
+    knobs = check_knobs(**knobs)
+    try:
+        return DecodeConfig(gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                            thresholds=thresholds, drafter=drafter, **knobs)
     except (TypeError, ValueError) as err:
         raise UserError(f"Settings: {err}") from err
 
@@ -158,7 +196,8 @@ def input_schemas() -> dict:
     return {
         "prompt": {**text, "maxLength": MAX_PROMPT_CHARS, "description": "no lone surrogates"},
         "preset": name,
-        "gamma": {**GAMMA.json_schema(), "description": "0: the engine picks each round's from the cost profile"},
+        "gamma": {"anyOf": [GAMMA.json_schema(), {"const": "auto"}],
+                  "description": "0 or \"auto\": the engine picks each round's from the cost profile"},
         "accept": BOUNDS["accept"].json_schema(),
         "escalate": {**BOUNDS["escalate"].json_schema(), "description": "at most accept"},
         "signal": {"enum": list(SIGNALS)},
@@ -170,4 +209,11 @@ def input_schemas() -> dict:
                                    "items": {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}}]},
         "with_ar": {"type": "boolean"},
         "drafter": {"enum": list(DRAFTERS)},
+        "top_p": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        "draft_stop": {**BOUNDS["draft_stop"].json_schema(), "description": "0: never"},
+        "max_unverified": {**MAX_UNVERIFIED.json_schema(), "description": "0: no bound"},
+        "chat": {"type": "boolean"},
+        "lookup_ngram": BOUNDS["lookup_ngram"].json_schema(),
+        "lookup_tokens": BOUNDS["lookup_tokens"].json_schema(),
+        "exit_layer": {**EXIT_LAYER.json_schema(), "description": "0: half the verifier's layers"},
     }

@@ -7,6 +7,7 @@ Call the builders inside a `gr.Blocks`, in the order they are listed: a componen
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import gradio as gr
@@ -16,6 +17,8 @@ import viz.page as page
 
 from . import costs, lab, recorded, views
 from .lab import DEFAULT_THRESHOLD_PRESET
+from .batch import BATCH
+from .inputs import KNOBS
 from .models import LOCK_REASON, MODELS, preset_choices, preset_locked, route_choices
 from .runs import runs_of
 
@@ -267,5 +270,25 @@ def api_only() -> SimpleNamespace:
         # text, not gr.JSON: the trace gate checks size and depth before parsing (and MCP needs a typed input)
         trace_in = gr.Textbox(label="trace (JSON text)")
         estimate = gr.JSON(label="what-if estimate (JSON)")
+        # the rest of `via_sd generate`'s settings (the page has no control for them), at DecodeConfig's defaults
+        knobs = [gr.Number(KNOBS["top_p"], label="top_p"), gr.Number(KNOBS["draft_stop"], label="draft_stop"),
+                 gr.Number(KNOBS["max_unverified"], label="max_unverified"), gr.Checkbox(KNOBS["chat"], label="chat"),
+                 gr.Number(KNOBS["lookup_ngram"], label="lookup_ngram"),
+                 gr.Number(KNOBS["lookup_tokens"], label="lookup_tokens"),
+                 gr.Number(KNOBS["exit_layer"], label="exit_layer")]
+        # a batch (/bench) and a measured sweep as numbers (/sweep): prompts x methods or grid points x repeats
+        bench_trigger, sweep_trigger = gr.Button("bench", visible=False), gr.Button("sweep", visible=False)
+        prompts = gr.JSON(json.dumps(BATCH["prompts"]), label="prompts: a list, or a shipped prompt file's name (JSON)")
+        methods = gr.JSON(BATCH["methods"], label="methods (JSON list)")
+        repeats, warmup = gr.Number(BATCH["repeats"], label="repeats"), gr.Number(BATCH["warmup"], label="warmup")
+        fidelity = gr.Checkbox(BATCH["fidelity"], label="fidelity")
+        limit = gr.Number(BATCH["limit"], label="limit (0: every prompt)")
+        accepts = gr.JSON(BATCH["accepts"], label="accept values (JSON list)")
+        escalates = gr.JSON(BATCH["escalates"], label="escalate values (JSON list)")
+        bench_result = gr.JSON(label="bench (JSON)")
+        sweep_result = gr.JSON(label="sweep (JSON)")
     return SimpleNamespace(compare_trigger=compare_trigger, comparison=comparison, estimate_trigger=estimate_trigger,
-                           trace_in=trace_in, estimate=estimate)
+                           trace_in=trace_in, estimate=estimate, knobs=knobs, bench_trigger=bench_trigger,
+                           sweep_trigger=sweep_trigger, prompts=prompts, methods=methods, repeats=repeats,
+                           warmup=warmup, fidelity=fidelity, limit=limit, accepts=accepts, escalates=escalates,
+                           bench_result=bench_result, sweep_result=sweep_result)

@@ -106,18 +106,19 @@ def methods_of(with_ar) -> tuple[str, ...]:
 
 
 def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate, signal, temperature, max_new_tokens,
-                      seed, route, with_ar=True, progress=None, live: dict | None = None, drafter="model"):
+                      seed, route, with_ar=True, progress=None, live: dict | None = None, drafter="model", **knobs):
     """The one decoding path of a comparison, shared by the page's Run (`run_compare`) and the API's JSON
     endpoint (`studio.api.compare`): check the settings, wait for the pair, then VIA-SD, plain SD (and AR)
     one after another on the run's own view of the pair, each stopped between rounds by `job`.
 
     Fills `traces` ({method: Trace}) as rounds finish and, when given, `live` (method -> the round being
-    verified). Yields (None, False) once the settings are checked (the models may still be loading then),
+    verified); `knobs`: the rest of `via_sd generate`'s settings by name (`inputs.KNOBS`). Yields (None, False)
+    once the settings are checked (the models may still be loading then),
     then (method, False) after every engine event and (method, True) when a method ends. A bad setting raises
     UserError; the engine refusing an input raises ValueError.
     """
     check_prompt(prompt)
-    config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter)
+    config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter, **knobs)
     preset, route, with_ar = name("preset", preset), check_route(route), flag("with_ar", with_ar)
     yield None, False
     while MODELS.loading(preset) and MODELS.loaded(preset) is None and not job.is_set():

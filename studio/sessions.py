@@ -23,7 +23,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-KINDS = ("run", "sweep", "route")
+KINDS = ("run", "sweep", "bench", "route")
 
 
 class Session:

@@ -285,13 +285,13 @@ def test_compare_refuses_a_bad_setting_by_name_with_its_range(visitor, field, va
 
 
 BAD_PAGE_ENDPOINTS = [  # (endpoint, its arguments, field, value, words the refusal must hold)
-    ("/sweep", SWEEP, "seed", "x", "seed must be a whole number from 0 to 4,294,967,295"),
-    ("/sweep", SWEEP, "max_new_tokens", 10**6, "max_new_tokens must be a whole number from 1 to 4,096"),
-    ("/sweep", SWEEP, "accept", "0.6", "accept must be a number from 0 to 1"),
-    ("/sweep", SWEEP, "accepts", "high", "accept values: write numbers between 0 and 1"),
-    ("/sweep", SWEEP, "escalates", [0.1], "escalate values: write at most"),
-    ("/sweep", SWEEP, "preset", None, "preset must be a name"),
-    ("/sweep", SWEEP, "route", 7, "route must be a name"),
+    ("/sweep_plot", SWEEP, "seed", "x", "seed must be a whole number from 0 to 4,294,967,295"),
+    ("/sweep_plot", SWEEP, "max_new_tokens", 10**6, "max_new_tokens must be a whole number from 1 to 4,096"),
+    ("/sweep_plot", SWEEP, "accept", "0.6", "accept must be a number from 0 to 1"),
+    ("/sweep_plot", SWEEP, "accepts", "high", "accept values: write numbers between 0 and 1"),
+    ("/sweep_plot", SWEEP, "escalates", [0.1], "escalate values: write at most"),
+    ("/sweep_plot", SWEEP, "preset", None, "preset must be a name"),
+    ("/sweep_plot", SWEEP, "route", 7, "route must be a name"),
     ("/what_if", WHAT_IF, "accept", "0.6", "accept must be a number from 0 to 1"),
     ("/what_if", WHAT_IF, "escalate", None, "escalate must be a number from 0 to 1"),
     ("/what_if", WHAT_IF, "signal", "full", "signal must be one of 'slim', 'draft'"),
@@ -312,7 +312,7 @@ def test_sweep_what_if_and_learn_refuse_a_bad_setting_by_name(visitor, endpoint,
 
 def test_sweep_what_if_and_learn_answer_what_the_page_sends(visitor):
     """Taken as sent, the values the page's own controls send still work."""
-    _, status = visitor.predict(*SWEEP.values(), api_name="/sweep")
+    _, status = visitor.predict(*SWEEP.values(), api_name="/sweep_plot")
     assert 'data-kind="ok"' in status and "Sweep done: 1 settings" in status, status[:300]
     assert "estimate" in visitor.predict(*WHAT_IF.values(), api_name="/what_if").lower()
     assert "round 1 of" in visitor.predict(1, api_name="/learn")
@@ -374,7 +374,7 @@ def hostile_batch(rng: random.Random, trace: dict) -> list[tuple[str, list, list
         calls.append(("/what_if_estimate", [json.dumps(trace), *with_hostile(rng, WHAT_IF, list(WHAT_IF))[0]],
                       list(WHAT_IF)))
     calls += [("/what_if", *with_hostile(rng, WHAT_IF, list(WHAT_IF))) for _ in range(10)]
-    calls += [("/sweep", *with_hostile(rng, SWEEP, [f for f in SWEEP if f != "max_new_tokens"])) for _ in range(8)]
+    calls += [("/sweep_plot", *with_hostile(rng, SWEEP, [f for f in SWEEP if f != "max_new_tokens"])) for _ in range(8)]
     calls += [("/race", [rng.choice(HOSTILE)], ["race speed"]) for _ in range(8)]
     calls += [("/learn", [rng.choice(HOSTILE)], ["round", "Round"]) for _ in range(8)]
     rng.shuffle(calls)

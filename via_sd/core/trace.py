@@ -23,7 +23,10 @@ summary:     new_tokens, wall_ms, tokens_per_s, mean_accepted_length, rejection_
              drafts count as accepted), verified_rejection_rate (among drafts a verifier checked),
              unverified_share (tokens kept with no verifier), exact_share (tokens the full verifier decided:
              only these are exact; "draft" and "slim" tokens are not), drafted, full_calls, slim_calls,
-             tier_counts, predicted_tokens_per_s (the recorded forwards priced with `costs`), prompt_tokens,
+             tier_counts, first_token_ms (time to the first decided token: the end of the first round that emitted
+             one, from the call's start), acceptance_by_position (per draft position 0, 1, ...: the share of the
+             drafts made there that were kept, by tier A or a verifier, as vLLM's per-position acceptance), predicted_tokens_per_s (the recorded forwards priced with
+             `costs`), prompt_tokens,
              opening_tokens (of those, the chat opening every cache started with: via_sd.core.opening), ...
 """
 
@@ -99,9 +102,13 @@ class Tally:
         self.tokens = self.rounds = self.drafted = self.kept = self.checked = self.replaced = 0
         self.full_calls = self.slim_calls = 0
         self.tier_counts = {tier: 0 for tier in ("draft", "slim", "full")}
+        self.first_token_ms = None  # the end of the first round that emitted a token
+        self.at_position: list[list[int]] = []  # per draft position: [drafted, kept]
 
     def add(self, rnd: dict, tokens: list[dict]) -> None:
         """One recorded round and the tokens it emitted."""
+        if tokens and self.first_token_ms is None:
+            self.first_token_ms = round_end_ms(rnd)
         self.rounds += 1
         self.full_calls += int(rnd["full_called"])
         self.slim_calls += int(rnd.get("slim_called", False))
@@ -110,6 +117,11 @@ class Tally:
             self.kept += c["decision"] in KEPT_DECISIONS
             self.checked += c["decision"] in VERIFIED_DECISIONS
             self.replaced += c["decision"] == "replaced"
+            pos = c.get("pos", 0)  # a draft discarded after a replacement counts as not kept, as in vLLM
+            while len(self.at_position) <= pos:
+                self.at_position.append([0, 0])
+            self.at_position[pos][0] += 1
+            self.at_position[pos][1] += c["decision"] in KEPT_DECISIONS
         for t in tokens:
             self.tokens += 1
             self.tier_counts[t["tier"]] += 1
@@ -135,7 +147,18 @@ class Tally:
             "full_calls_per_token": self.full_calls / n if n else 0.0,
             "slim_calls": self.slim_calls,
             "tier_counts": dict(self.tier_counts),
+            "first_token_ms": self.first_token_ms,
+            # vLLM's per-position acceptance: of the drafts made at each position, the share kept
+            "acceptance_by_position": [kept / drafted if drafted else None for drafted, kept in self.at_position],
         }
+
+
+def round_end_ms(rnd: dict) -> float | None:
+    """When a recorded round ended, from the call's start (its tokens are decided then); None in a trace without
+    round timings."""
+    if rnd.get("start_ms") is None:
+        return None
+    return rnd["start_ms"] + sum(rnd.get(f"{phase}_ms") or 0.0 for phase in ("draft", "slim", "full", "other"))
 
 
 def summarize(tokens: list[dict], rounds: list[dict], prefill_ms: float, wall_ms: float) -> dict:
@@ -147,4 +170,6 @@ def summarize(tokens: list[dict], rounds: list[dict], prefill_ms: float, wall_ms
     for t in tokens:
         tally.tokens += 1
         tally.tier_counts[t["tier"]] += 1
+    first = next((r for r in rounds if tokens and r["round"] == tokens[0]["round"]), None)
+    tally.first_token_ms = round_end_ms(first) if first else None
     return tally.summary(prefill_ms, wall_ms)
