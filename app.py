@@ -2,7 +2,7 @@
 
     python app.py                      # http://127.0.0.1:7860, embedded Qwen2.5-Coder 0.5B -> 1.5B pair
     VIA_SD_PRESET=random python app.py # tiny random pair: instant, gibberish text (mechanics only)
-    VIA_SD_MCP=1 python app.py         # also an MCP server at /gradio_api/mcp/ (needs the `mcp` package)
+    VIA_SD_MCP=0 python app.py         # without the MCP server (on by default at /gradio_api/mcp/: studio.mcp_tools)
 
 This file is the page: its layout in reading order (`studio/layout.py`, one builder per area), then the
 event wiring, a few functions grouped by what they wire. Handlers are plain functions in `studio/` (the
@@ -247,18 +247,27 @@ def wire_api(ui: SimpleNamespace) -> None:
 
 
 def mcp_wanted() -> bool:
-    """VIA_SD_MCP=1 serves the public endpoints as MCP tools too (`compare` and `what_if_estimate` among them),
-    at /gradio_api/mcp/. Off by default: a page needs none of it. It needs the `mcp` package; without one a
-    warning says how to install it and the page starts without MCP (not Gradio's launch error)."""
-    if os.environ.get("VIA_SD_MCP", "").strip().lower() not in ("1", "true", "yes", "on"):
+    """The MCP server (`studio.mcp_tools`: compare, bench, sweep, what_if_estimate, runs, stop) at /gradio_api/mcp/,
+    on unless VIA_SD_MCP=0. It needs the `mcp` package (requirements.txt); without one a warning says how to
+    install it and the page starts without MCP."""
+    if os.environ.get("VIA_SD_MCP", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
     try:
         import mcp  # noqa: F401
     except ImportError:
-        logging.getLogger("via_sd.app").warning('VIA_SD_MCP is set but the `mcp` package is missing: '
-                                                '.venv/bin/pip install "mcp>=1.21,<2" (the page starts without MCP)')
+        logging.getLogger("via_sd.app").warning('the `mcp` package is missing: .venv/bin/pip install "mcp>=1.21,<2" '
+                                                '(the page starts without MCP; VIA_SD_MCP=0 says so quietly)')
         return False
     return True
+
+
+def mcp_options(wanted: bool | None = None) -> dict:
+    """launch()'s options for MCP: our server (`studio.mcp_tools.lifespan` mounts it) when wanted, never Gradio's
+    own (stateless: every MCP call of every client would share one Gradio session)."""
+    from studio import mcp_tools
+
+    wanted = mcp_wanted() if wanted is None else wanted
+    return {"mcp_server": False, **({"app_kwargs": {"lifespan": mcp_tools.lifespan}} if wanted else {})}
 
 
 def stop_cleanly_on_sigterm() -> None:
@@ -277,7 +286,7 @@ def launch(preset: str = DEFAULT_PRESET, **kwargs):
     demo = build_demo(preset)
     demo.queue(default_concurrency_limit=1, max_size=64)
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)  # the server refuses a larger upload before storing it
-    kwargs.setdefault("mcp_server", mcp_wanted())
+    kwargs = {**mcp_options(), **kwargs}
     stop_cleanly_on_sigterm()
     return demo.launch(css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft(), **kwargs)
 

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 REFRESH = ".venv/bin/python scripts/api_schema.py"
 # accept 1 and escalate 0: any one threshold in [0, 1] keeps them in order (a rule the schema states in words only)
 COMPARE = dict(prompt="Write a haiku.", preset="random", gamma=4, accept=1.0, escalate=0.0, signal="slim",
-               temperature=0.0, max_new_tokens=8, seed=0, route="default", with_ar=False, drafter="model")
-HOSTILE = [None, True, "", " ", "abc", "slim", "lookup", -1, 0, 1, 1.5, 7, 2**40, 1e300, [], {}, ["attn.1"], [1],
+               temperature=0.0, max_new_tokens=8, seed=0, route="default", with_ar=False, drafter="model", top_p=1.0,
+               draft_stop=0.0, max_unverified=32, chat=True, lookup_ngram=3, lookup_tokens=10, exit_layer=0)
+HOSTILE = [None, True, "", " ", "abc", "auto", "slim", "lookup", -1, 0, 1, 1.5, 7, 2**40, 1e300, [], {}, ["attn.1"], [1],
            "x" * 7000]
 
 

@@ -1,14 +1,13 @@
 """The app driven from code: the JSON endpoints `/compare` and `/what_if_estimate` through gradio_client, the
 README's "From code" snippets run as written (so the README and the app cannot drift apart), four clients at
-once, bad and hostile input refused with the page's messages, Stop, and the MCP server.
+once, bad and hostile input refused with the page's messages, Stop, every knob of `via_sd generate`, /bench and
+/sweep as JSON (the MCP server: tests/test_mcp.py).
 
 One app server for the module, on the "random" preset (a tiny random pair: real decoding in milliseconds).
 """
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 import contextlib
 import copy
 import importlib.util
@@ -29,8 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 README_URL = "http://127.0.0.1:7860/"  # the address the README's client snippet talks to
 HAS_MCP = importlib.util.find_spec("mcp") is not None
 PROMPT = "Write a haiku about the sea."
-# Gradio lists the page's endpoints as MCP tools too, and warns that their gr.State inputs stay at their defaults
-pytestmark = pytest.mark.filterwarnings("ignore:This MCP server includes a tool that has a gr.State input")
 
 
 def readme_snippet(needle: str) -> str:
@@ -50,7 +47,7 @@ def run_snippet(code: str) -> tuple[dict, str]:
 
 @pytest.fixture(scope="module")
 def server(serve_random_app):
-    return serve_random_app(mcp_server=HAS_MCP)
+    return serve_random_app()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +128,9 @@ def test_every_public_endpoint_labels_what_it_returns(server):
             assert not re.fullmatch(r"(value|parameter)_\d+", part["label"]), (name, part["label"])
     assert [p["parameter_name"] for p in api["/compare"]["parameters"]] == [
         "prompt", "preset", "gamma", "accept", "escalate", "signal", "temperature", "max_new_tokens", "seed",
-        "route", "with_ar", "drafter"]
+        "route", "with_ar", "drafter", "top_p", "draft_stop", "max_unverified", "chat", "lookup_ngram",
+        "lookup_tokens", "exit_layer"]
+    assert {"/bench", "/sweep"} <= set(api) and api["/sweep"]["returns"][0]["label"] == "sweep (JSON)"
     assert api["/compare"]["returns"][0]["label"] == "comparison (JSON)"
     assert api["/what_if_estimate"]["returns"][0]["label"] == "what-if estimate (JSON)"
 
@@ -222,40 +221,81 @@ def test_what_if_needs_a_via_sd_trace_and_thresholds_in_order(server, readme_run
         0, 0.2, 0.6, "slim", 0.0, 16, 0)
 
 
+# ---- every knob, a batch, a sweep -------------------------------------------------------------------
+
+KNOBS = dict(top_p=0.9, draft_stop=0.05, max_unverified=3, chat=False, lookup_ngram=2, lookup_tokens=5, exit_layer=1)
+
+
+def test_compare_takes_every_setting_of_via_sd_generate(server):
+    result = client(server).predict(prompt=PROMPT, max_new_tokens=12, with_ar=False, temperature=0.7, gamma="auto",
+                                    drafter="hybrid", **KNOBS, api_name="/compare")
+    config = result["methods"]["via"]["trace"]["config"]
+    assert result["settings"]["gamma"] == "auto" and config["gamma"] == "auto" and config["drafter"] == "hybrid"
+    assert {k: config[k] for k in KNOBS} == KNOBS, "each knob reaches the engine"
+    summary = result["methods"]["via"]["summary"]
+    assert summary["exact_share"] == summary["tier_counts"]["full"] / summary["new_tokens"]
+    assert 0 < summary["first_token_ms"] <= summary["wall_ms"]
+    drafted = [c for r in result["methods"]["via"]["trace"]["rounds"] for c in r["candidates"] if c["pos"] == 0]
+    kept = sum(c["decision"] in ("accepted", "kept") for c in drafted)
+    assert summary["acceptance_by_position"][0] == pytest.approx(kept / len(drafted))
+
+
+@pytest.mark.parametrize("knob, value, words", [
+    ("top_p", 0, "top_p must be a number above 0"), ("top_p", 1.5, "top_p must be a number from 0 to 1"),
+    ("draft_stop", -0.1, "draft_stop must be a number from 0 to 1"),
+    ("max_unverified", 2.5, "max_unverified must be a whole number from 0"),
+    ("chat", "no", "chat must be true or false"), ("lookup_ngram", 0, "lookup_ngram must be a whole number from 1"),
+    ("lookup_tokens", 100, "lookup_tokens must be a whole number from 1 to 64"),
+    ("exit_layer", -1, "exit_layer must be a whole number from 0"), ("gamma", "fast", "gamma must be a whole number"),
+])
+def test_a_bad_knob_is_refused_by_name(server, knob, value, words):
+    assert words in refusal(server, "/compare", prompt=PROMPT, **{knob: value})
+
+
+def test_bench_runs_two_prompts_twice_and_returns_the_cli_benchs_json(server):
+    from gradio_client.utils import Status
+
+    job = client(server).submit(prompts=["Count to five.", {"task": "qa", "prompt": "What is a hash map?"}],
+                                methods=["sd", "via"], repeats=2, warmup=0, max_new_tokens=8, api_name="/bench")
+    seen = set()
+    while not job.done():
+        status = job.status()
+        seen.update(u.desc for u in status.progress_data or [] if status.code == Status.PROGRESS and u.desc)
+        time.sleep(0.02)
+    result = job.result()
+    assert (result["schema"], result["kind"], result["status"]) == ("via-sd-bench/1", "bench", "done")
+    assert len(result["runs"]) == 2 * 2 * 2 and {r["task"] for r in result["runs"]} == {"default", "qa"}
+    assert set(result["summary"]) == {"sd", "via"} and result["summary"]["via"]["all"]["speedup_vs_sd"] > 0
+    assert any(d.startswith("repeat ") for d in seen), f"progress streams: {seen}"
+    assert "prompts names no shipped prompt file" in refusal(server, "/bench", prompts="../../etc/passwd")
+    assert "methods must be one of" in refusal(server, "/bench", prompts=["Hi"], methods=["fast"])
+    assert "repeats must be a whole number from 1" in refusal(server, "/bench", prompts=["Hi"], repeats=0)
+
+
+def test_bench_takes_a_shipped_prompt_file_by_name(server):
+    result = client(server).predict(prompts="code", limit=1, methods=["ar"], repeats=1, warmup=0, fidelity=False,
+                                    max_new_tokens=4, api_name="/bench")
+    assert result["prompts"][0]["task"] == "code" and len(result["runs"]) == 1
+
+
+def test_sweep_returns_its_points_and_pareto_front_as_json(server):
+    result = client(server).predict(prompts=[PROMPT], accepts=[0.5, 0.9], escalates=[0.0, 0.3], repeats=1, warmup=0,
+                                    max_new_tokens=8, api_name="/sweep")
+    assert result["status"] == "done" and result["baseline"] == "sd"
+    assert {(p["accept"], p["escalate"]) for p in result["points"]} == {(0.5, 0.0), (0.5, 0.3), (0.9, 0.0), (0.9, 0.3)}
+    front = [p for p in result["points"] if p["pareto"]]
+    assert front and result["frontier"] == sorted(front, key=lambda p: (p["fidelity"], -p["speedup"]))
+    for p in result["points"]:  # no point of the front is beaten on both speed-up and fidelity
+        assert not p["pareto"] or not any(q["speedup"] > p["speedup"] and q["fidelity"] > p["fidelity"]
+                                          for q in result["points"])
+    assert "accepts must be a number from 0 to 1" in refusal(server, "/sweep", prompts=[PROMPT], accepts=[2])
+
+
 # ---- MCP ------------------------------------------------------------------------------------------
 
-def test_mcp_is_asked_for_by_env(monkeypatch):
+def test_mcp_is_on_unless_turned_off(monkeypatch):
     monkeypatch.delenv("VIA_SD_MCP", raising=False)
-    assert app.mcp_wanted() is False
-    monkeypatch.setenv("VIA_SD_MCP", "1")
     assert app.mcp_wanted() is HAS_MCP
-
-
-@pytest.mark.skipif(not HAS_MCP, reason="the mcp package is not installed")
-def test_mcp_serves_the_comparison_and_the_what_if_as_described_tools(server):
-    import httpx
-
-    tools = {t["name"]: t for t in httpx.get(f"{server}gradio_api/mcp/schema", timeout=10).json()}
-    for name, args in (("compare", ("prompt", "accept", "escalate", "signal", "gamma", "with_ar")),
-                       ("what_if_estimate", ("trace", "accept", "escalate", "signal"))):
-        properties = tools[name]["inputSchema"]["properties"]
-        assert all(len(properties[a].get("description", "")) > 20 for a in args), (name, properties)
-    # a thread of its own: the browser tests' Playwright keeps an event loop running in this one
-    with ThreadPoolExecutor(1) as pool:
-        compared, estimated = pool.submit(asyncio.run, _mcp_calls(f"{server}gradio_api/mcp/")).result()
-    assert not compared.isError and "via-sd-comparison/1" in compared.content[0].text
-    assert estimated.isError and "not a VIA-SD trace" in estimated.content[0].text
-
-
-async def _mcp_calls(url: str):
-    """One comparison and one refused what-if, as an MCP client makes them."""
-    from mcp import ClientSession
-    from mcp.client import streamable_http
-
-    connect = getattr(streamable_http, "streamable_http_client", None) or streamable_http.streamablehttp_client
-    async with connect(url) as (read, write, _), ClientSession(read, write) as session:
-        await session.initialize()
-        compared = await session.call_tool("compare", {"prompt": PROMPT, "max_new_tokens": 8, "with_ar": False})
-        estimated = await session.call_tool("what_if_estimate", {"trace": '{"schema": "via-sd-trace/1"}',
-                                                                 "accept": 0.8, "escalate": 0.2, "signal": "slim"})
-    return compared, estimated
+    monkeypatch.setenv("VIA_SD_MCP", "0")
+    assert app.mcp_wanted() is False
+    assert app.mcp_options() == {"mcp_server": False}, "never Gradio's own MCP server"

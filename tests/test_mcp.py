@@ -1,0 +1,127 @@
+"""The app's MCP server (`studio.mcp_tools`) driven by the `mcp` package's own client against a live app on the random
+pair: the tools an agent sees (none of the page's endpoints), compare's compact JSON, a trace from it passed back to
+what_if_estimate, a long call stopped, and two connections that see and stop only their own runs."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+import app
+
+pytest.importorskip("mcp")
+PROMPT = "Write a haiku about the sea."
+LONG = {"prompt": PROMPT, "max_new_tokens": 2000, "with_ar": False}  # tens of seconds unless stopped
+
+
+@pytest.fixture(scope="module")
+def mcp_url(serve_random_app):
+    return serve_random_app(**app.mcp_options(wanted=True)) + "gradio_api/mcp/"
+
+
+def run(coroutine):
+    """An MCP exchange in a thread of its own (the browser tests' Playwright may hold this thread's event loop)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result(timeout=120)
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str):
+    """One MCP connection, as an agent's client opens it."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with streamable_http_client(url) as (read, write, _), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def loads(result) -> dict | list:
+    assert not result.isError, result.content[0].text
+    return json.loads(result.content[0].text)
+
+
+async def running(session, deadline_s: float = 30) -> list[dict]:
+    """This connection's runs once one is running (polled)."""
+    for _ in range(int(deadline_s / 0.05)):
+        runs = [r for r in loads(await session.call_tool("runs", {})) if r["status"] == "running"]
+        if runs:
+            return runs
+        await asyncio.sleep(0.05)
+    raise AssertionError("no run of this connection started")
+
+
+def test_tools_are_named_by_what_they_do_and_no_page_endpoint_is_one(mcp_url):
+    async def exchange():
+        async with connect(mcp_url) as session:
+            return (await session.list_tools()).tools
+
+    tools = {t.name: t for t in run(exchange())}
+    assert set(tools) == {"compare", "bench", "sweep", "what_if_estimate", "runs", "stop"}
+    properties = tools["compare"].inputSchema["properties"]
+    for knob in ("top_p", "draft_stop", "max_unverified", "chat", "drafter", "gamma", "traces", "budget_s"):
+        assert len(properties[knob]["description"]) > 10, knob
+    assert "preset" not in properties and tools["compare"].inputSchema["required"] == ["prompt"]
+    assert {"prompts", "methods", "repeats"} <= set(tools["bench"].inputSchema["properties"])
+
+
+def test_compare_answers_compact_json_whose_trace_what_if_estimate_takes(mcp_url):
+    async def exchange():
+        async with connect(mcp_url) as session:
+            bare = await session.call_tool("compare", {"prompt": PROMPT, "max_new_tokens": 8, "with_ar": False})
+            traced = await session.call_tool("compare", {"prompt": PROMPT, "max_new_tokens": 12, "with_ar": False,
+                                                         "traces": "via", "top_p": 0.9, "temperature": 0.7})
+            trace = loads(traced)["methods"]["via"]["trace"]
+            estimate = await session.call_tool("what_if_estimate", {"trace": trace, "accept": 0.9, "escalate": 0.1})
+            bad = await session.call_tool("compare", {"prompt": PROMPT, "top_p": 0})
+            return bare, traced, estimate, bad
+
+    bare, traced, estimate, bad = run(exchange())
+    assert "\n" not in bare.content[0].text and ", " not in bare.content[0].text[:200], "compact JSON"
+    result = loads(bare)
+    assert result["schema"] == "via-sd-comparison/1" and result["status"] == "done" and len(result["run_id"]) == 12
+    assert set(result["methods"]) == {"via", "sd"} and all("trace" not in m for m in result["methods"].values())
+    summary = result["methods"]["via"]["summary"]
+    assert summary["new_tokens"] == 8 and 0 <= summary["exact_share"] <= 1 and summary["first_token_ms"] > 0
+    assert all(0 <= a <= 1 for a in summary["acceptance_by_position"])
+    traced = loads(traced)
+    assert traced["settings"]["top_p"] == 0.9 and "trace" not in traced["methods"]["sd"]
+    assert len(bare.content[0].text) * 3 < len(json.dumps(traced)), "traces only when asked for"
+    estimate = loads(estimate)
+    assert estimate["estimate"] is True and estimate["thresholds"]["accept"] == 0.9
+    assert sum(estimate["tier_counts"].values()) == traced["methods"]["via"]["summary"]["new_tokens"]
+    assert bad.isError and "top_p must be a number above 0" in bad.content[0].text
+
+
+def test_a_long_call_stops_and_another_connection_can_neither_see_nor_stop_it(mcp_url):
+    async def exchange():
+        async with connect(mcp_url) as mine, connect(mcp_url) as theirs:
+            call = asyncio.create_task(mine.call_tool("compare", LONG))
+            (ours,) = await running(mine)
+            seen = loads(await theirs.call_tool("runs", {}))
+            refused = await theirs.call_tool("stop", {"run_id": ours["run_id"]})
+            nothing = loads(await theirs.call_tool("stop", {}))
+            await asyncio.sleep(0.3)
+            still = [r["status"] for r in loads(await mine.call_tool("runs", {}))]
+            stopping = loads(await mine.call_tool("stop", {"run_id": ours["run_id"]}))
+            return seen, refused, nothing, still, stopping, ours, loads(await call)
+
+    seen, refused, nothing, still, stopping, ours, result = run(exchange())
+    assert seen == [] and refused.isError and "No run" in refused.content[0].text
+    assert nothing["stopping"] == [] and still == ["running"], "the other connection's stop reached nothing"
+    assert stopping["stopping"] == [ours["run_id"]] and ours["tool"] == "compare"
+    assert result["run_id"] == ours["run_id"] and result["status"] == "stopped"
+    assert sum(m["summary"]["new_tokens"] for m in result["methods"].values()) < 2 * LONG["max_new_tokens"]
+
+
+def test_a_budget_ends_a_long_call(mcp_url):
+    async def exchange():
+        async with connect(mcp_url) as session:
+            return loads(await session.call_tool("compare", {**LONG, "budget_s": 1}))
+
+    result = run(exchange())
+    assert result["status"] == "stopped" and result["methods"]["via"]["summary"]["stopped"]
