@@ -1,5 +1,5 @@
-"""Writes docs/api.md's JSON Schemas (between its `schema` markers) from the code: /compare's inputs
-(`studio.api.compare_schema`, from the app's checks) and a trace (`via_sd.core.trace_check.json_schema`, from the
+"""Writes docs/api.md's JSON Schemas (between its `schema` markers) from the code: /compare's, /bench's and /sweep's
+inputs (`studio.api.compare_schema`, `studio.batch.endpoint_schema`, from the app's checks) and a trace (`via_sd.core.trace_check.json_schema`, from the
 gate's own specs), both bounded by the one table `via_sd.core.bounds.BOUNDS`. tests/test_api_schema.py fails when
 the doc and the code differ.
 
@@ -39,12 +39,17 @@ def compact(value, indent: int = 0, used: int = 0) -> str:
 def section() -> str:
     """The doc's section between the markers, as the code makes it now."""
     from studio.api import compare_schema
+    from studio.batch import bench, endpoint_schema, sweep
     from via_sd.core.trace_check import SCHEMA, json_schema
 
     return "\n".join([
         BEGIN,
         "`/compare`'s inputs (a bad one is refused with a message that names it and says what it allows):",
         "", "```json", compact(compare_schema()), "```", "",
+        "`/bench`'s inputs (and the `bench` tool's; its decoding settings are /compare's):",
+        "", "```json", compact(endpoint_schema(bench, "/bench inputs")), "```", "",
+        "`/sweep`'s inputs (and the `sweep` tool's):",
+        "", "```json", compact(endpoint_schema(sweep, "/sweep inputs")), "```", "",
         f"A trace, `{SCHEMA}` (what the gate checks before an upload, `/what_if_estimate` or "
         "`Trace.from_json` reads one):",
         "", "```json", compact(json_schema()), "```",

@@ -6,6 +6,7 @@ Stop between runs. Every setting is checked by name, as /compare's are (`studio.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -16,8 +17,8 @@ from via_sd.bench import BENCH_METHODS, load_prompts, run_bench, run_sweep
 from via_sd.bench.run import SCHEMA
 
 from .gpu import gpu
-from .inputs import (MAX_GRID, Bound, UserError, check_prompt, choice, flag, grid_size, make_config, name, number,
-                     parse_grid, refuse, shown)
+from .inputs import (MAX_GRID, Bound, UserError, check_prompt, choice, flag, grid_size, input_schemas, make_config,
+                     name, number, refuse, shown)
 from .inputs import route as check_route
 from .models import MODELS
 from .sessions import SESSIONS
@@ -46,7 +47,7 @@ def check_prompts(prompts, limit=0) -> list[dict]:
     ("mixed" or "mixed.jsonl"), the first `limit` of them (0: all), or UserError naming `prompts`."""
     limit = number("limit", limit, LIMIT)
     if isinstance(prompts, str):
-        stem = prompts.strip().removesuffix(".jsonl")
+        stem = prompts.removesuffix(".jsonl")
         if stem not in prompt_files():
             raise UserError(f"Settings: prompts names no shipped prompt file: {shown(prompts)}; pass a list of prompts "
                             f"or one of {', '.join(prompt_files())}.")
@@ -55,7 +56,7 @@ def check_prompts(prompts, limit=0) -> list[dict]:
     elif isinstance(prompts, list) and 0 < len(prompts) <= MAX_PROMPTS:
         items = []
         for k, p in enumerate(prompts):
-            if isinstance(p, dict) and set(p) <= {"task", "prompt"}:
+            if isinstance(p, dict) and set(p) <= {"task", "prompt"} and "prompt" in p:
                 task, text = p.get("task", "default"), p.get("prompt")
             else:
                 task, text = "default", p
@@ -70,9 +71,7 @@ def check_prompts(prompts, limit=0) -> list[dict]:
 
 
 def check_methods(methods) -> list[str]:
-    """A list of bench methods (or the CLI's comma-separated text), each one of BENCH_METHODS."""
-    if isinstance(methods, str):
-        methods = [m.strip() for m in methods.split(",") if m.strip()]
+    """A list of bench methods, each one of BENCH_METHODS."""
     if not isinstance(methods, list) or not 0 < len(methods) <= len(BENCH_METHODS):
         raise UserError(f"Settings: methods must be a list of 1 to {len(BENCH_METHODS)} of "
                         f"{', '.join(BENCH_METHODS)}, got {shown(methods)}.")
@@ -80,12 +79,43 @@ def check_methods(methods) -> list[str]:
 
 
 def check_grid(values, field: str) -> list[float]:
-    """A sweep's accept or escalate values: a list of numbers in [0, 1] or the page's text "0.3, 0.6"."""
-    if isinstance(values, list) and 0 < len(values) <= MAX_GRID:
-        return sorted({round(number(field, v, Bound(False, 0.0, 1.0)), 4) for v in values})
-    if isinstance(values, list):
-        raise UserError(f"Settings: {field} must hold 1 to {MAX_GRID} numbers from 0 to 1, got {len(values)}.")
-    return parse_grid(values, field)
+    """A sweep's accept or escalate values: a list of 1 to MAX_GRID numbers in [0, 1]."""
+    if not isinstance(values, list) or not 0 < len(values) <= MAX_GRID:
+        raise UserError(f"Settings: {field} must be a list of 1 to {MAX_GRID} numbers from 0 to 1, got "
+                        f"{shown(values)}.")
+    return sorted({round(number(field, v, Bound(False, 0.0, 1.0)), 4) for v in values})
+
+
+def batch_schemas() -> dict:
+    """What the checks above allow of each batch argument, as JSON Schema (docs/api.md, the MCP tools)."""
+    schemas = input_schemas()
+    prompt = {"anyOf": [schemas["prompt"], {"type": "object", "properties": {"task": schemas["preset"],
+                                                                                "prompt": schemas["prompt"]},
+                                               "required": ["prompt"], "additionalProperties": False}]}
+    files = prompt_files()
+    grid = {"type": "array", "minItems": 1, "maxItems": MAX_GRID, "items": {"type": "number", "minimum": 0,
+                                                                            "maximum": 1}}
+    return {**schemas,
+            "prompts": {"anyOf": [{"type": "array", "minItems": 1, "maxItems": MAX_PROMPTS, "items": prompt},
+                                  {"enum": files + [f"{f}.jsonl" for f in files]}],
+                        "description": f"a shipped file's prompts: at most {MAX_PROMPTS} (limit: fewer)"},
+            "methods": {"type": "array", "minItems": 1, "maxItems": len(BENCH_METHODS),
+                        "items": {"enum": list(BENCH_METHODS)}},
+            "repeats": {**REPEATS.json_schema(), "description": f"at most {MAX_RUNS} timed runs in all"},
+            "warmup": WARMUP.json_schema(), "fidelity": {"type": "boolean"}, "limit": LIMIT.json_schema(),
+            "accepts": grid, "escalates": {**grid, "description": f"at most {MAX_GRID} (accept, escalate) points "
+                                           "with escalate <= accept, and at least one"}}
+
+
+def endpoint_schema(fn, title: str) -> dict:
+    """An endpoint's inputs as JSON Schema: its arguments by name, in order (`batch_schemas`)."""
+    args = [p.name for p in inspect.signature(fn).parameters.values() if p.name not in ("request", "progress")]
+    schemas = batch_schemas()
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title,
+            "description": f"gradio_client: client.predict(..., api_name='/{fn.__name__}') by name; one left out takes "
+                           "its default (client.view_api() lists them)",
+            "type": "object", "properties": {name: schemas[name] for name in args}, "required": ["prompts"],
+            "additionalProperties": False}
 
 
 def reporter(job, progress):
@@ -111,6 +141,69 @@ def stopped_json(kind: str, job) -> dict:
 def pair_for(preset, route, progress):
     preset, route = name("preset", preset), check_route(route)
     return MODELS.view(MODELS.wait(preset, progress), preset, route)
+
+
+def decoding(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter, knobs: dict):
+    return make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter, **knobs)
+
+
+def bench_settings(prompts, methods, repeats, warmup, fidelity, limit, preset, gamma, accept, escalate, signal,
+                   temperature, max_new_tokens, seed, route, drafter="model", **knobs) -> dict:
+    """/bench's arguments checked (UserError naming the first bad one): run_bench's keywords, the preset and route."""
+    items, methods = check_prompts(prompts, limit), check_methods(methods)
+    repeats, warmup = number("repeats", repeats, REPEATS), number("warmup", warmup, WARMUP)
+    runs = len(items) * len(methods) * repeats
+    if runs > MAX_RUNS:
+        raise UserError(f"Settings: {runs:,} timed runs (prompts x methods x repeats); keep it to {MAX_RUNS}.")
+    config = decoding(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter, knobs)
+    return {"prompts": items, "methods": methods, "repeats": repeats, "warmup": warmup,
+            "fidelity": flag("fidelity", fidelity), "config": config, "preset": name("preset", preset),
+            "route": check_route(route)}
+
+
+def sweep_settings(prompts, accepts, escalates, repeats, warmup, limit, preset, gamma, signal, temperature,
+                   max_new_tokens, seed, route, drafter="model", **knobs) -> dict:
+    """/sweep's arguments checked (UserError naming the first bad one): run_sweep's keywords, the preset and route."""
+    items = check_prompts(prompts, limit)
+    accept, escalate = check_grid(accepts, "accepts"), check_grid(escalates, "escalates")
+    size = grid_size(accept, escalate)
+    if not size:
+        raise UserError("Settings: no (accept, escalate) pair of the grid has escalate <= accept.")
+    if size > MAX_GRID:
+        raise UserError(f"Settings: the grid has {size:,} settings; keep it to {MAX_GRID} or fewer.")
+    repeats, warmup = number("repeats", repeats, REPEATS), number("warmup", warmup, WARMUP)
+    if len(items) * (size + 1) * repeats > MAX_RUNS:
+        raise UserError(f"Settings: {len(items) * (size + 1) * repeats:,} timed runs (prompts x (grid points + "
+                        f"plain SD) x repeats); keep it to {MAX_RUNS}.")
+    config = decoding(gamma, 1.0, 0.0, signal, temperature, max_new_tokens, seed, drafter, knobs)
+    return {"prompts": items, "accept": accept, "escalate": escalate, "signals": [config.thresholds.signal],
+            "repeats": repeats, "warmup": warmup, "config": config, "preset": name("preset", preset),
+            "route": check_route(route)}
+
+
+def batch(kind: str, fn, settings: dict, request, progress) -> dict:
+    """Run `fn` (run_bench or run_sweep) as this session's work: Stop ends it between runs."""
+    job = SESSIONS.get(request).job(kind)
+    try:
+        checked = (bench_settings if kind == "bench" else sweep_settings)(**settings)
+        if job.is_set():
+            return stopped_json(kind, job)
+        pair = pair_for(checked.pop("preset"), checked.pop("route"), progress)
+        started = time.time()
+        if kind == "bench":
+            result = fn(pair, checked.pop("prompts"), progress=reporter(job, progress), **checked)
+        else:  # the sweep checks `stop` between runs itself and keeps what it measured
+            result = fn(pair, checked.pop("prompts"), progress=reporter(_Never(), progress), stop=job, **checked)
+    except Stopped:
+        return stopped_json(kind, job)
+    except ValueError as err:  # UserError, or the bench refusing an input
+        raise refuse(err) from None
+    except Exception as err:
+        log.exception("%s failed", kind)
+        raise refuse(f"Something went wrong: {type(err).__name__}: {err}") from None
+    if result.get("sd", True) is None:  # a sweep stopped before its baseline ran
+        return stopped_json(kind, job)
+    return {**result, "status": "stopped" if result.get("stopped") else "done", "elapsed_s": time.time() - started}
 
 
 @gpu(duration=300)
@@ -147,31 +240,8 @@ def bench(prompts, methods, repeats, warmup, fidelity, limit, preset, gamma, acc
         lookup_tokens: prompt lookup: the most tokens one match drafts
         exit_layer: early exit: the verifier's layers that draft (0: half)
     """
-    job = SESSIONS.get(request).job("bench")
-    try:
-        items, methods = check_prompts(prompts, limit), check_methods(methods)
-        repeats, warmup = number("repeats", repeats, REPEATS), number("warmup", warmup, WARMUP)
-        runs = len(items) * len(methods) * repeats
-        if runs > MAX_RUNS:
-            raise UserError(f"Settings: {runs:,} timed runs (prompts x methods x repeats); keep it to {MAX_RUNS}.")
-        config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter,
-                             top_p=top_p, draft_stop=draft_stop, max_unverified=max_unverified, chat=chat,
-                             lookup_ngram=lookup_ngram, lookup_tokens=lookup_tokens, exit_layer=exit_layer)
-        fidelity = flag("fidelity", fidelity)
-        if job.is_set():
-            return stopped_json("bench", job)
-        pair = pair_for(preset, route, progress)
-        started = time.time()
-        result = run_bench(pair, items, methods=methods, config=config, repeats=repeats, warmup=warmup,
-                           fidelity=fidelity, progress=reporter(job, progress))
-    except Stopped:
-        return stopped_json("bench", job)
-    except ValueError as err:  # UserError, or the bench refusing an input
-        raise refuse(err) from None
-    except Exception as err:
-        log.exception("bench failed")
-        raise refuse(f"Something went wrong: {type(err).__name__}: {err}") from None
-    return {**result, "status": "done", "elapsed_s": time.time() - started}
+    settings = {k: v for k, v in locals().items() if k not in ("request", "progress")}
+    return batch("bench", run_bench, settings, request, progress)
 
 
 @gpu(duration=300)
@@ -206,37 +276,8 @@ def sweep(prompts, accepts, escalates, repeats, warmup, limit, preset, gamma, si
         lookup_tokens: prompt lookup: the most tokens one match drafts
         exit_layer: early exit: the verifier's layers that draft (0: half)
     """
-    job = SESSIONS.get(request).job("sweep")
-    try:
-        items = check_prompts(prompts, limit)
-        accept_values, escalate_values = check_grid(accepts, "accepts"), check_grid(escalates, "escalates")
-        size = grid_size(accept_values, escalate_values)
-        if not size:
-            raise UserError("Settings: no (accept, escalate) pair of the grid has escalate <= accept.")
-        if size > MAX_GRID:
-            raise UserError(f"Settings: the grid has {size:,} settings; keep it to {MAX_GRID} or fewer.")
-        repeats, warmup = number("repeats", repeats, REPEATS), number("warmup", warmup, WARMUP)
-        if len(items) * (size + 1) * repeats > MAX_RUNS:
-            raise UserError(f"Settings: {len(items) * (size + 1) * repeats:,} timed runs (prompts x (grid points + "
-                            f"plain SD) x repeats); keep it to {MAX_RUNS}.")
-        config = make_config(gamma, 1.0, 0.0, signal, temperature, max_new_tokens, seed, drafter, top_p=top_p,
-                             draft_stop=draft_stop, max_unverified=max_unverified, chat=chat,
-                             lookup_ngram=lookup_ngram, lookup_tokens=lookup_tokens, exit_layer=exit_layer)
-        if job.is_set():
-            return stopped_json("sweep", job)
-        pair = pair_for(preset, route, progress)
-        started = time.time()
-        result = run_sweep(pair, items, config, accept=accept_values, escalate=escalate_values,
-                           signals=[config.thresholds.signal], repeats=repeats, warmup=warmup,
-                           progress=reporter(_Never(), progress), stop=job)
-    except ValueError as err:
-        raise refuse(err) from None
-    except Exception as err:
-        log.exception("sweep failed")
-        raise refuse(f"Something went wrong: {type(err).__name__}: {err}") from None
-    if result["sd"] is None:
-        return stopped_json("sweep", job)
-    return {**result, "status": "stopped" if result.get("stopped") else "done", "elapsed_s": time.time() - started}
+    settings = {k: v for k, v in locals().items() if k not in ("request", "progress")}
+    return batch("sweep", run_sweep, settings, request, progress)
 
 
 class _Never:

@@ -25,7 +25,7 @@ from gradio.utils import get_function_description
 from via_sd import THRESHOLD_PRESETS
 
 from . import api, batch
-from .inputs import MAX_GRID, input_schemas
+from .inputs import input_schemas
 
 PATH = "/gradio_api/mcp"
 KEEP_FINISHED = 16  # finished runs a connection still lists
@@ -103,16 +103,7 @@ WITH_RUNS = {"include_runs": {"type": "boolean", "description": "also return eve
 
 def tool_specs() -> dict:
     """name -> (description, input schema, endpoint or None)."""
-    schemas = input_schemas()
-    prompts = {"anyOf": [{"type": "array", "minItems": 1, "maxItems": batch.MAX_PROMPTS,
-                          "items": {"anyOf": [schemas["prompt"], {"type": "object"}]}},
-                         {"enum": batch.prompt_files()}]}
-    grid = {"type": "array", "minItems": 1, "maxItems": MAX_GRID, "items": {"type": "number", "minimum": 0,
-                                                                            "maximum": 1}}
-    batch_schemas = {**schemas, "prompts": prompts, "accepts": grid, "escalates": grid,
-                     "methods": {"type": "array", "items": {"enum": list(batch.BENCH_METHODS)}},
-                     "repeats": batch.REPEATS.json_schema(), "warmup": batch.WARMUP.json_schema(),
-                     "limit": batch.LIMIT.json_schema(), "fidelity": {"type": "boolean"}}
+    schemas, batch_schemas = input_schemas(), batch.batch_schemas()
     traces = {"traces": {"enum": ["none", "via", "all"], "description": "which methods' whole traces to include "
                          "(via-sd-trace/1; \"via\" is what what_if_estimate takes); default none"}}
     compare_text, compare_schema = described(api.compare, schemas, {**traces, **BUDGET})

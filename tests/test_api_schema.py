@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from studio.api import compare_schema
+from studio.batch import bench, bench_settings, endpoint_schema, sweep, sweep_settings
 from studio.inputs import UserError
 from studio.runs import decode_comparison
 from via_sd import DecodeConfig, Thresholds, generate
@@ -56,6 +57,38 @@ def test_the_compare_schema_refuses_exactly_what_compare_refuses():
         for value in HOSTILE:
             settings = {**COMPARE, field: value}
             assert schema.is_valid(settings) != refused_by_compare(settings), f"{field}={str(value)[:20]!r}"
+
+
+KNOBS = {k: COMPARE[k] for k in ("top_p", "draft_stop", "max_unverified", "chat", "lookup_ngram", "lookup_tokens",
+                                  "exit_layer")}
+DECODING = dict(preset="random", gamma=4, signal="slim", temperature=0.0, max_new_tokens=8, seed=0, route="default",
+                drafter="model", **KNOBS)
+BENCH = dict(prompts=["Write a haiku."], methods=["sd", "via"], repeats=1, warmup=0, fidelity=True, limit=0,
+             accept=1.0, escalate=0.0, **DECODING)
+SWEEP = dict(prompts=["Write a haiku."], accepts=[1.0], escalates=[0.0], repeats=1, warmup=0, limit=0, **DECODING)
+BATCH_HOSTILE = HOSTILE + ["mixed", "mixed.jsonl", " mixed", "../mixed", 20, 21, 64, 65, ["sd", "sd"], ["via", 1],
+                           [0.5, 2], [0.0, 0.2], [{"prompt": "Hi"}], [{"task": "qa", "prompt": "Hi"}], [{"task": "qa"}],
+                           [{"prompt": "Hi", "x": 1}], [{"task": " ", "prompt": "Hi"}], [[]], ["Hi"] * 65]
+
+
+def refused(check, settings: dict) -> bool:
+    try:
+        check(**settings)
+    except UserError:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("endpoint, base", [(bench, BENCH), (sweep, SWEEP)], ids=["bench", "sweep"])
+def test_the_batch_schemas_refuse_exactly_what_bench_and_sweep_refuse(endpoint, base):
+    schema = jsonschema.Draft202012Validator(endpoint_schema(endpoint, "inputs"))
+    check = bench_settings if endpoint is bench else sweep_settings
+    assert set(schema.schema["properties"]) == set(base), "the schema names the endpoint's arguments"
+    assert schema.is_valid(base) and not refused(check, base)
+    for field in base:
+        for value in BATCH_HOSTILE:
+            settings = {**base, field: value}
+            assert schema.is_valid(settings) != refused(check, settings), f"{field}={str(value)[:20]!r}"
 
 
 @pytest.fixture(scope="module")
