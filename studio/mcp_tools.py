@@ -30,7 +30,6 @@ from .inputs import input_schemas
 PATH = "/gradio_api/mcp"
 KEEP_FINISHED = 16  # finished runs a connection still lists
 MAX_CONNECTIONS = 1024  # connections remembered (the oldest forgotten first)
-POLL_S = 0.2
 NOT_FORWARDED = {"content-length", "content-type", "host", "accept", "accept-encoding", "connection",
                  "mcp-session-id", "mcp-protocol-version", "last-event-id", "x-gradio-user"}
 
@@ -247,16 +246,25 @@ class Tools:
         """Wait for the run's result, forwarding its progress when the client asked for it; stop it at `budget`."""
         token = ctx.meta.progressToken if ctx.meta is not None else None
         step, said = 0, None
-        while not run.job.done():
-            await anyio.sleep(POLL_S)
-            if budget is not None and time.time() - run.started > budget and run.status == "running":
+
+        async def at_budget():
+            await anyio.sleep(max(0.0, budget - (time.time() - run.started)))
+            if run.status == "running":
                 run.status = "stopping"
                 await anyio.to_thread.run_sync(self.stop_run, run)
-            run.progress = progress_text(run.job.status())
-            if token is not None and run.progress != said:
-                said, step = run.progress, step + 1
-                await ctx.session.send_progress_notification(token, step, message=said,
-                                                             related_request_id=str(ctx.request_id))
+
+        async with anyio.create_task_group() as watch:
+            if budget is not None:
+                watch.start_soon(at_budget)
+            async for update in run.job:  # every status update of the call, none skipped
+                if update.type != "status":
+                    continue
+                run.progress = progress_text(update)
+                if token is not None and run.progress != said:
+                    said, step = run.progress, step + 1
+                    await ctx.session.send_progress_notification(token, step, message=said,
+                                                                 related_request_id=str(ctx.request_id))
+            watch.cancel_scope.cancel()
         return await anyio.to_thread.run_sync(run.job.result)
 
     @staticmethod

@@ -125,3 +125,21 @@ def test_a_budget_ends_a_long_call(mcp_url):
 
     result = run(exchange())
     assert result["status"] == "stopped" and result["methods"]["via"]["summary"]["stopped"]
+
+
+def test_bench_streams_its_progress_and_leaves_the_runs_out_unless_asked(mcp_url):
+    said = []
+
+    async def heard(progress, total, message):
+        said.append(message)
+
+    async def exchange():
+        async with connect(mcp_url) as session:
+            return await session.call_tool("bench", {"prompts": ["Count to five.", "Name a color."], "methods": ["sd"],
+                                                     "repeats": 1, "warmup": 0, "max_new_tokens": 4,
+                                                     "fidelity": False}, progress_callback=heard)
+
+    result = loads(run(exchange()))
+    assert (result["schema"], result["status"]) == ("via-sd-bench/1", "done") and "runs" not in result
+    assert result["summary"]["sd"]["all"]["runs"] == 2
+    assert any(m and m.startswith("repeat 1/1") for m in said), said
