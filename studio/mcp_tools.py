@@ -30,6 +30,7 @@ from .inputs import input_schemas
 PATH = "/gradio_api/mcp"
 KEEP_FINISHED = 16  # finished runs a connection still lists
 MAX_CONNECTIONS = 1024  # connections remembered (the oldest forgotten first)
+LANDING = "VIA-SD Studio's MCP server (streamable HTTP): connect an MCP client to this address. Tools: "
 NOT_FORWARDED = {"content-length", "content-type", "host", "accept", "accept-encoding", "connection",
                  "mcp-session-id", "mcp-protocol-version", "last-event-id", "x-gradio-user"}
 
@@ -303,12 +304,17 @@ async def lifespan(app):
     """Serve the tools at PATH of Gradio's app while it runs (`launch(app_kwargs={"lifespan": lifespan})`):
     stateful streamable HTTP, so each connection has its session id."""
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+    from starlette.responses import PlainTextResponse
     from starlette.routing import Mount
 
     tools = Tools(app)
     manager = StreamableHTTPSessionManager(app=tools.server, stateless=False)
 
     async def handle(scope, receive, send):
+        accept = dict(scope.get("headers", [])).get(b"accept", b"")
+        if scope.get("method") == "GET" and b"text/event-stream" not in accept:  # a browser: say what is here
+            await PlainTextResponse(LANDING + ", ".join(tools.specs) + ". See docs/api.md.")(scope, receive, send)
+            return
         await manager.handle_request(scope, receive, send)
 
     app.router.routes.insert(0, Mount(PATH, app=handle))  # before Gradio's own routes

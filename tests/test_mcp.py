@@ -67,6 +67,9 @@ def test_tools_are_named_by_what_they_do_and_no_page_endpoint_is_one(mcp_url):
         assert len(properties[knob]["description"]) > 10, knob
     assert "preset" not in properties and tools["compare"].inputSchema["required"] == ["prompt"]
     assert {"prompts", "methods", "repeats"} <= set(tools["bench"].inputSchema["properties"])
+    import httpx
+
+    assert "Tools: compare, bench, sweep" in httpx.get(mcp_url, timeout=10).text, "a browser is told what is here"
 
 
 def test_compare_answers_compact_json_whose_trace_what_if_estimate_takes(mcp_url):
