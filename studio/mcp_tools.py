@@ -106,8 +106,10 @@ def tool_specs() -> dict:
     schemas, batch_schemas = input_schemas(), batch.batch_schemas()
     traces = {"traces": {"enum": ["none", "via", "all"], "description": "which methods' whole traces to include "
                          "(via-sd-trace/1; \"via\" is what what_if_estimate takes); default none"}}
-    compare_text, compare_schema = described(api.compare, schemas, {**traces, **BUDGET})
-    bench_text, bench_schema = described(batch.bench, batch_schemas, {**WITH_RUNS, **BUDGET})
+    presets = {"thresholds": {"enum": list(THRESHOLD_PRESETS), "description": "a threshold preset, as the CLI's "
+                              "--thresholds: accept, escalate and signal given here override it (default: paper)"}}
+    compare_text, compare_schema = described(api.compare, schemas, {**traces, **presets, **BUDGET})
+    bench_text, bench_schema = described(batch.bench, batch_schemas, {**WITH_RUNS, **presets, **BUDGET})
     sweep_text, sweep_schema = described(batch.sweep, batch_schemas, {**WITH_RUNS, **BUDGET})
     for schema in (compare_schema, bench_schema, sweep_schema):
         schema["properties"].pop("preset", None)  # the served pair: loading another is the page's
@@ -223,6 +225,12 @@ class Tools:
         shown = {k: arguments.pop(k) for k in ("traces", "include_runs") if k in arguments}
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0):
             return self.error(f"Settings: budget_s must be a number of seconds above 0, got {budget!r}.")
+        if "thresholds" in arguments:  # as the CLI's --thresholds: a preset, accept/escalate/signal override it
+            preset = THRESHOLD_PRESETS.get(arguments.pop("thresholds"))
+            if preset is None:
+                return self.error(f"Settings: thresholds must be one of {', '.join(map(repr, THRESHOLD_PRESETS))}.")
+            for key in ("accept", "escalate", "signal"):
+                arguments.setdefault(key, getattr(preset, key))
         headers = {k: v for k, v in request.headers.items() if k.lower() not in NOT_FORWARDED} if request else {}
         url = self.loopback_url(request)
         client = await anyio.to_thread.run_sync(lambda: Client(url, verbose=False, download_files=False,

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 import app
+from via_sd import THRESHOLD_PRESETS
 
 pytest.importorskip("mcp")
 PROMPT = "Write a haiku about the sea."
@@ -81,9 +82,11 @@ def test_compare_answers_compact_json_whose_trace_what_if_estimate_takes(mcp_url
             trace = loads(traced)["methods"]["via"]["trace"]
             estimate = await session.call_tool("what_if_estimate", {"trace": trace, "accept": 0.9, "escalate": 0.1})
             bad = await session.call_tool("compare", {"prompt": PROMPT, "top_p": 0})
-            return bare, traced, estimate, bad
+            preset = await session.call_tool("compare", {"prompt": PROMPT, "max_new_tokens": 4, "with_ar": False,
+                                                         "thresholds": "fastest", "accept": 0.9})
+            return bare, traced, estimate, bad, loads(preset)["settings"]
 
-    bare, traced, estimate, bad = run(exchange())
+    bare, traced, estimate, bad, preset = run(exchange())
     assert "\n" not in bare.content[0].text and ", " not in bare.content[0].text[:200], "compact JSON"
     result = loads(bare)
     assert result["schema"] == "via-sd-comparison/1" and result["status"] == "done" and len(result["run_id"]) == 12
@@ -98,6 +101,8 @@ def test_compare_answers_compact_json_whose_trace_what_if_estimate_takes(mcp_url
     assert estimate["estimate"] is True and estimate["thresholds"]["accept"] == 0.9
     assert sum(estimate["tier_counts"].values()) == traced["methods"]["via"]["summary"]["new_tokens"]
     assert bad.isError and "top_p must be a number above 0" in bad.content[0].text
+    fastest = THRESHOLD_PRESETS["fastest"]  # as the CLI's --thresholds fastest --accept 0.9
+    assert (preset["accept"], preset["escalate"], preset["signal"]) == (0.9, fastest.escalate, fastest.signal)
 
 
 def test_a_long_call_stops_and_another_connection_can_neither_see_nor_stop_it(mcp_url):
