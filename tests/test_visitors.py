@@ -23,13 +23,14 @@ import httpx
 import pytest
 from gradio_client import Client
 
+from studio.inputs import KNOBS
 from via_sd.core.trace_check import MAX_JSON_BYTES, TraceError, json_depth, parse_json
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Write a haiku about the sea."
 # the endpoints' arguments, in order
 COMPARE = dict(prompt=PROMPT, preset="random", gamma=4, accept=0.6, escalate=0.2, signal="slim", temperature=0.0,
-               max_new_tokens=12, seed=0, route="default", with_ar=False, drafter="model")
+               max_new_tokens=12, seed=0, route="default", with_ar=False, drafter="model", **KNOBS)
 RUN = dict(prompt=PROMPT, preset="random", gamma=4, accept=0.6, escalate=0.2, signal="slim", temperature=0.0,
            max_new_tokens=12, seed=0, route="default", with_ar=False, pace=0, drafter="model")
 SWEEP = dict(prompt=PROMPT, preset="random", gamma=4, signal="slim", temperature=0.0, max_new_tokens=4, seed=0,
