@@ -151,3 +151,18 @@ def test_bench_streams_its_progress_and_leaves_the_runs_out_unless_asked(mcp_url
     assert (result["schema"], result["status"]) == ("via-sd-bench/1", "done") and "runs" not in result
     assert result["summary"]["sd"]["all"]["runs"] == 2
     assert any(m and m.startswith("repeat 1/1") for m in said), said
+
+
+def test_sweep_answers_its_points_and_front_and_refuses_a_bad_grid_by_name(mcp_url):
+    async def exchange():
+        async with connect(mcp_url) as session:
+            swept = await session.call_tool("sweep", {"prompts": [PROMPT], "accepts": [0.5, 0.9], "escalates": [0.1],
+                                                      "repeats": 1, "warmup": 0, "max_new_tokens": 4})
+            bad = await session.call_tool("sweep", {"prompts": [PROMPT], "accepts": [1.5]})
+            return loads(swept), bad
+
+    swept, bad = run(exchange())
+    assert swept["status"] == "done" and "runs" not in swept
+    assert [(p["accept"], p["escalate"]) for p in swept["points"]] == [(0.5, 0.1), (0.9, 0.1)]
+    assert swept["frontier"] and all(p["pareto"] for p in swept["frontier"])
+    assert bad.isError and "accepts must be a number from 0 to 1" in bad.content[0].text
