@@ -7,7 +7,7 @@ passes (V(k) for a pass over k rows; prompt lookup itself costs nothing):
 
     oracle   the fewest passes over every choice of drafts from the lookup's matches (knowing which will be kept):
              no policy that drafts from them spends fewer
-    ours     the engine's own prompt lookup (drafters.PromptLookup with gamma="auto"), its decisions replayed
+    ours     the engine's own prompt lookup (lookup.PromptLookup with gamma="auto"), its decisions replayed
     fixed-N  drafts min(N, match) tokens whenever there is a match (transformers' prompt_lookup_num_tokens=N)
     AR       one pass a token
 
@@ -30,12 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from types import SimpleNamespace  # noqa: E402
 
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
-from via_sd.core.drafters import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup  # noqa: E402
+from via_sd.core.lookup import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup  # noqa: E402
+from via_sd.core.proposal import Outcome  # noqa: E402
 from via_sd.bench.hf import HF_LOOKUP_TOKENS  # noqa: E402
-from via_sd.cost.model import best_gamma  # noqa: E402
+from via_sd.cost.model import RoundCost  # noqa: E402
 
 
 def kept_at(seq: list[int], i: int) -> tuple[int, int]:
@@ -74,20 +74,14 @@ def fixed_passes(at: dict, start: int, end: int, profile, fixed: int) -> float:
 
 def ours(seq: list[int], start: int, profile) -> float:
     """Passes the engine's prompt lookup spends, its rounds replayed as greedy SD with gamma="auto" runs them."""
-    cfg = DecodeConfig(drafter="lookup")
-    lk = PromptLookup(SimpleNamespace(config=cfg, prompt_tokens=start), profile, 1 << 30, "sd", False)
+    lk = PromptLookup(DecodeConfig(drafter="lookup"), profile, RoundCost("sd", False), 1 << 30)
     passes, i = 0.0, start + 1
     while i < len(seq):
-        if lk.source(seq[:i]) is None:
-            passes, emitted = passes + 1.0, seq[i:i + 1]
-        else:
-            rates, limit = lk.rates_for("lookup"), min(lk.limit(seq[:i]), len(seq) - i)
-            drafts = lk.propose(seq[:i], best_gamma(lk.profile("lookup"), "sd", rates, False, limit=limit))[0]
-            kept = next((k for k, t in enumerate(drafts) if t != seq[i + k]), len(drafts))
-            passes += profile.V(len(drafts) + 1)
-            lk.learn("lookup", kept, kept < len(drafts), [], None)
-            emitted = seq[i:i + kept + 1]
-        lk.observe(i, emitted)
+        drafts = lk.propose(seq[:i], len(seq) - i).tokens
+        kept = next((k for k, t in enumerate(drafts) if t != seq[i + k]), len(drafts))
+        passes += profile.V(len(drafts) + 1)  # no drafts: an AR step, V(1) = 1
+        emitted = seq[i:i + kept + 1]
+        lk.update(Outcome("lookup" if drafts else None, kept, kept < len(drafts), [], None, i, emitted))
         i += len(emitted)
     return passes
 
@@ -101,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", type=int, default=HF_LOOKUP_TOKENS,
                     help="the fixed policy's draft length (default: the bench's transformers peer, hf-lookup)")
     ap.add_argument("--sweep", action="store_true",
-                    help="also: ours with other proven windows (drafters.LOOKUP_PROVEN_WINDOW), fixed lookups of 3-6")
+                    help="also: ours with other proven windows (lookup.LOOKUP_PROVEN_WINDOW), fixed lookups of 3-6")
     args = ap.parse_args(argv)
     pair = load_pair(args.preset)
     profile = pair.costs
@@ -145,7 +139,7 @@ def main(argv=None) -> int:
 def sweep(runs: list, profile, fixed: str) -> None:
     """Other policies against the fixed one, median over the prompts with the prompt read: the engine's lookup with
     each proven window (the least draft limit once the answer has copied) and fixed lookups of 3 to 6 tokens."""
-    import via_sd.core.drafters as drafters
+    import via_sd.core.lookup as drafters
 
     def line(name, spend):
         ratios = [(read + base) / (read + spend(seq, start, at)) for seq, start, read, base, at in runs]

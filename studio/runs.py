@@ -238,9 +238,8 @@ SETTLE_S = 2.0  # what follows a run waits this long after Done: a Run pressed m
 
 def settle(traces: dict, request: gr.Request = None) -> dict:
     """A pause after Done before the figures (seconds of CPU on 2 cores) and fidelity (a model pass or two):
-    a Run pressed right after Done never shares the machine with them (measured: 2.1-2.7 s to the first
-    pending draft of that Run when they went first, 0.4-0.7 s otherwise). An upload or the recorded run the
-    page opens on (no ticket) waits not.
+    a Run pressed right after Done never shares the machine with them (its first pending draft comes sooner:
+    BENCHMARKS.md). An upload or the recorded run the page opens on (no ticket) waits not.
 
     Returns the run record the follow-up steps draw (they read it, not the session's `traces`, which a newer
     run overwrites while they are queued). Once a newer run was asked for, it ends the chain instead: a

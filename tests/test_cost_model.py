@@ -57,9 +57,9 @@ def test_via_prices_its_tiers_a_round_never_escalating_costs_only_the_slim_pass(
     never = Rates(to_full=0, sorted=100)
     always = Rates(to_full=100, sorted=100)
     from via_sd.cost.model import via_round_ms
-    assert via_round_ms(p, 3, never, slim_signal=True) == pytest.approx(3 * 30 + 0.5 * 400)
-    assert via_round_ms(p, 3, always, slim_signal=True) == pytest.approx(3 * 30 + 0.5 * 400 + 400)
-    assert via_round_ms(p, 3, Rates(to_full=0, to_slim=0, sorted=100), slim_signal=False) == pytest.approx(90)
+    assert via_round_ms(p, 3, never, slim_sorts=True) == pytest.approx(3 * 30 + 0.5 * 400)
+    assert via_round_ms(p, 3, always, slim_sorts=True) == pytest.approx(3 * 30 + 0.5 * 400 + 400)
+    assert via_round_ms(p, 3, Rates(to_full=0, to_slim=0, sorted=100), slim_sorts=False) == pytest.approx(90)
 
 
 def test_a_real_run_records_its_gamma_and_every_forward(tiny_pair, tmp_path, monkeypatch):
@@ -206,9 +206,9 @@ def test_a_full_pass_is_priced_over_the_drafts_and_the_bonus_token_it_lags_by_no
     rates.to_full = rates.sorted  # every draft to tier C: every round runs the full pass
     for lag in (0, 1, 1, 1):
         rates.add(0, False, [], lag=lag)
-    assert rates.lag < 1 and via_round_ms(profile, 3, rates, slim_signal=False) == 3 * 3.0 + profile.verify(4)
+    assert rates.lag < 1 and via_round_ms(profile, 3, rates, slim_sorts=False) == 3 * 3.0 + profile.verify(4)
     rates.lag = 3.0  # three tokens behind (rounds that skipped the full verifier): they are read too
-    assert via_round_ms(profile, 3, rates, slim_signal=False) == 3 * 3.0 + profile.verify(6)
+    assert via_round_ms(profile, 3, rates, slim_sorts=False) == 3 * 3.0 + profile.verify(6)
 
 
 def test_round_zero_teaches_no_lag_from_the_prompt_which_is_read_in_a_call_of_its_own(tiny_pair, monkeypatch):
@@ -230,6 +230,6 @@ def test_a_round_all_in_tier_a_is_priced_without_the_bonus_token_it_does_not_emi
     from via_sd.cost.model import via_round_ms, via_round_tokens
 
     profile, rates = _steps_profile(), Rates()  # the prior: nothing escalates, nothing goes to tier B
-    assert via_round_tokens(4, rates, slim_signal=False) == 4  # no verifier ran: the four drafts, no bonus
-    assert via_round_ms(profile, 4, rates, slim_signal=False) == 4 * 3.0
-    assert via_round_tokens(4, rates, slim_signal=True) == pytest.approx(expected_emitted(rates.alpha, 4))
+    assert via_round_tokens(4, rates, slim_sorts=False) == 4  # no verifier ran: the four drafts, no bonus
+    assert via_round_ms(profile, 4, rates, slim_sorts=False) == 4 * 3.0
+    assert via_round_tokens(4, rates, slim_sorts=True) == pytest.approx(expected_emitted(rates.alpha, 4))

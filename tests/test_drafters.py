@@ -8,7 +8,8 @@ import pytest
 
 from via_sd import DecodeConfig, Thresholds, Trace, generate, tiny_random_pair
 from via_sd.core.decoding import Run
-from via_sd.core.drafters import LOOKUP_PROVEN_WINDOW, lookup
+from via_sd.core.lookup import LOOKUP_PROVEN_WINDOW, lookup
+from via_sd.core.proposal import Outcome
 
 from test_via_decoding import assert_samples_follow_the_verifier
 
@@ -91,9 +92,9 @@ def test_sampled_sd_with_prompt_lookup_follows_the_verifier():
 def test_the_early_exit_shares_the_verifiers_cache_and_leaves_its_output_unchanged(tiny_pair):
     cfg = config(gamma=3, drafter="early-exit", exit_layer=2)
     run = Run(tiny_pair, COPY, "sd", cfg)
-    drafter, full = run.dec.drafter.model, run.dec.full.model
+    drafter, full = run.caches.drafter.model, run.caches.full.model
     assert drafter.owner is full.owner  # one network split at the exit: one KV cache for layers 0..1
-    assert run.dec.drafting.costs.c < 1.0
+    assert run.drafter.costs.c < 1.0
     for _ in range(3):  # a few rounds; at each drafts event the shared layers hold the drafted positions already
         before = len(run.seq)
         for event in run.round():
@@ -153,32 +154,39 @@ def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts
     """An AR step (or a hybrid's model round) with a match teaches lookup whether that match's first token was right;
     a draft longer than two is earned by rounds that kept every draft, and a rejection shrinks it again (to five at
     least, once the answer has shown that it copies)."""
-    lk = Run(tiny_pair, "hello", "sd", config(drafter="lookup", max_new_tokens=8)).dec.drafting
+    lk = Run(tiny_pair, "hello", "sd", config(drafter="lookup", max_new_tokens=8)).drafter
     seq = [5, 6, 7, 8, 9, 5, 6]  # "5 6" occurred before: the match proposes 7 8 9 5 6 7 ...
-    lk.source(seq)
+
+    def observed(start, emitted):  # a round nobody drafted (an AR step)
+        lk.update(Outcome(None, 0, False, [], None, start, emitted))
+
+    def drafted(kept, rejected):
+        lk.update(Outcome("lookup", kept, rejected, [], None, len(seq), seq[:kept]))
+
+    assert lk.propose(seq, 0).tokens == []  # no room to draft: it still searches (and observes the round)
     assert lk.match[:4] == [7, 8, 9, 5] and lk.limit(seq) == 2
-    before = lk.rates_for("lookup").first
-    lk.observe(len(seq), [7])  # the round emitted what the match proposed first
-    right = lk.rates_for("lookup").first
-    lk.source(seq)
-    lk.observe(len(seq), [4])  # ... and here it would have been wrong
-    assert right > before and lk.rates_for("lookup").first < right
-    wrong = lk.rates_for("lookup").first
-    lk.observe(len(seq) + 1, [7])  # a round from another position is not this match's to learn from
-    assert lk.rates_for("lookup").first == wrong
-    lk.learn("lookup", 1, False, [], None)  # one draft kept: the window doubles
+    before = lk.rates().first
+    observed(len(seq), [7])  # the round emitted what the match proposed first
+    right = lk.rates().first
+    lk.propose(seq, 0)
+    observed(len(seq), [4])  # ... and here it would have been wrong
+    assert right > before and lk.rates().first < right
+    wrong = lk.rates().first
+    observed(len(seq) + 1, [7])  # a round from another position is not this match's to learn from
+    assert lk.rates().first == wrong
+    drafted(1, False)  # one draft kept: the window doubles
     assert lk.limit(seq) == 4
-    lk.learn("lookup", 2, True, [], None)  # a rejection: back to what was kept plus one
+    drafted(2, True)  # a rejection: back to what was kept plus one
     assert lk.limit(seq) == 3
-    lk.learn("lookup", 0, True, [], None)
+    drafted(0, True)
     assert lk.limit(seq) == 2
-    lk.learn("lookup", 2, False, [], None)  # two drafts kept: the answer copies, the window never falls below 5
+    drafted(2, False)  # two drafts kept: the answer copies, the window never falls below 5
     assert lk.limit(seq) == LOOKUP_PROVEN_WINDOW == 5
-    lk.learn("lookup", 5, False, [], None)
+    drafted(5, False)
     assert lk.limit(seq) == 10
-    lk.learn("lookup", 0, True, [], None)
+    drafted(0, True)
     assert lk.limit(seq) == LOOKUP_PROVEN_WINDOW
-    rates = lk.rates_for("lookup")  # a copy right from its first token goes on: later drafts are kept more often
+    rates = lk.rates()  # a copy right from its first token goes on: later drafts are kept more often
     assert rates.next > rates.first and rates.emitted(3) == pytest.approx(
         1 + rates.first * (1 + rates.next + rates.next ** 2))
 

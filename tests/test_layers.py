@@ -162,10 +162,43 @@ def test_every_module_says_what_it_is_for():
         assert doc and doc.strip(), f"{path.relative_to(ROOT)} has no module docstring"
 
 
+# Modules longer than this are split where the code divides; the exceptions say why they stay long (never past 400).
+MAX_MODULE_LINES = 300
+LONG_MODULES = {
+    "via_sd/cost/model.py": "the cost model is one sheet of formulas: a pass's cost, a recorded run priced call by "
+                            "call, a round's expected tokens and cost (the rule that sizes rounds), other machines",
+    "via_sd/core/pair.py": "loading a pair: the presets, the embedded pair's build and the tiny random pair",
+    "via_sd/core/trace_fields.py": "every field of a trace with its type and bounds: one table the gate checks",
+    "via_sd/weights/linears.py": "the low-bit linear layers and the rule that picks each pass's kernel",
+    "viz/what_if.py": "the what-if replay mirrors the engine's round step by step: read as one algorithm",
+    "viz/figures.py": "the page's figures, each a short function over one trace",
+    "studio/models.py": "the loaded pair shared by every session: loading, warming, routes and the status line",
+}
+
+
 def test_every_module_fits_in_a_head():
+    long = {}
     for module, path in FILES.items():  # app.py, studio/, via_sd/ (every layer) and viz/
         lines = len(path.read_text(encoding="utf-8").splitlines())
         assert lines <= 400, f"{path.relative_to(ROOT)} has {lines} lines"
+        if lines > MAX_MODULE_LINES:
+            long[path.relative_to(ROOT).as_posix()] = lines
+    assert set(long) <= set(LONG_MODULES), {k: v for k, v in long.items() if k not in LONG_MODULES}
+    assert set(LONG_MODULES) <= set(long), "an exception that is no longer long: remove it from the list"
+
+
+def test_the_round_fits_on_a_screen_and_sees_a_drafter_through_two_methods():
+    """The round (core/round.py) is one function a reader checks in a screen; the run and the round use a drafter
+    only through propose and update (and read its name and the profile its forwards are priced with)."""
+    assert dict(functions("via_sd.core.round"))["via_sd.core.round.speculative_round"] <= 60
+    used = set()
+    for module in ("via_sd.core.round", "via_sd.core.decoding"):
+        for node in ast.walk(ast.parse(FILES[module].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) \
+                    and node.value.attr == "drafter" and isinstance(node.value.value, ast.Name) \
+                    and node.value.value.id == "self":
+                used.add(node.attr)
+    assert used == {"propose", "update", "name", "costs"}, used
 
 
 def functions(module: str):

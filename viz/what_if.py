@@ -10,7 +10,7 @@ calls and rejection rate exactly.
 How a round is replayed
 -----------------------
 1. Tiers and the round plan. Each candidate's confidence r is sorted by the engine's own tier rule
-   (`via_sd.core.plan.tier_of`); a forced round (the run's `max_unverified` reached, counted over the
+   (`via_sd.core.plan.sort_tiers`); a forced round (the run's `max_unverified` reached, counted over the
    replayed tokens as the engine counts them) closes tier A; then the engine's own round plan
    (`via_sd.core.plan.plan_round`) says who decides each draft and which verifier passes run.
    r comes from the recording: with the same signal, the recorded `confidence`; switching to
@@ -52,8 +52,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from via_sd.core.plan import (DRAFT, FULL, SLIM, TIERS, Thresholds, force_verification, plan_round, slim_sorts,
-                               tier_of, unverified_run)
+from via_sd.core.plan import (DRAFT, FULL, SLIM, TIERS, Thresholds, plan_round, slim_sorts, sort_tiers,
+                               unverified_run)
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, is_greedy, is_number, thresholds_dict, trace_thresholds
@@ -223,10 +223,8 @@ def replay_round(ctx: Replay, rnd: dict) -> RoundReplay:
     """One recorded round under the new thresholds (steps 1-5 of the module doc); advances `ctx` past it."""
     cands = rnd.get("candidates", [])
     scored = [_confidence(c, ctx.rule.signal, ctx.rec_signal) for c in cands]
-    tiers = [ctx.rule.fixed_tier or tier_of(r, ctx.rule) for r, _ in scored]
     forced = bool(ctx.max_unverified) and ctx.unverified >= ctx.max_unverified
-    if forced:
-        tiers = force_verification(tiers, ctx.slim_sorts)
+    tiers = sort_tiers([r for r, _ in scored], ctx.rule, forced, ctx.slim_sorts)
     plan = plan_round(tiers, ctx.slim_sorts)
     rows, ended, matches, guessed = _decide_round(ctx, rnd, scored, tiers, plan)
     slim_called, full_called = _calls_made(plan, rows)

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
+from ..cost.model import interpolate
 from .calls import MODELS
 from .metrics import median, median_ratio
-
-
-def _interpolate(lengths: list[int], ms: list[float], n: int) -> float:
-    """Piecewise-linear cost of a forward over n tokens; the end segments extend beyond the grid."""
-    pts = sorted(zip(lengths, ms))
-    if len(pts) == 1:
-        return pts[0][1]
-    k = next((k for k in range(1, len(pts)) if n <= pts[k][0]), len(pts) - 1)
-    (x0, y0), (x1, y1) = pts[k - 1], pts[k]
-    return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), 0.0)
 
 
 def project(result: dict, costs: dict) -> dict:
@@ -35,7 +26,7 @@ def project(result: dict, costs: dict) -> dict:
                 notes.append(f"no measured slim cost for route {r.get('route')!r}: runs using it are not projected")
                 continue
             table["slim"] = costs["ms"]["slim"][label]
-        ms = sum(_interpolate(lengths, table[m], n) for m in MODELS for n in r["call_lengths"][m])
+        ms = sum(interpolate(dict(zip(lengths, table[m])), n, through_origin=False) for m in MODELS for n in r["call_lengths"][m])
         per_run.append({k: r[k] for k in ("method", "prompt_index", "repeat", "task")} | {
             "tokens_per_s": 1000.0 * r["new_tokens"] / ms if ms else 0.0, "ms": ms})
     methods = list(dict.fromkeys(p["method"] for p in per_run))

@@ -1,23 +1,23 @@
-"""Autoregressive, speculative (two-tier) and VIA-SD (three-tier) decoding, in one loop shape.
+"""Autoregressive, speculative (two-tier) and VIA-SD (three-tier) decoding: a run of rounds, streamed.
 
-Every method runs the same round: the drafter (drafters.py: the model, prompt lookup, a hybrid or the
-verifier's early exit) proposes up to gamma tokens (none for AR; none is an AR step), a verifier step
-decides which to keep, the caches roll back to what was kept, the round is recorded. Who verifies:
+Every method runs the same round (round.speculative_round): the drafter (drafters.py: the model, prompt lookup, a
+hybrid or the verifier's early exit) proposes up to gamma tokens (none for AR; none is an AR step), a verifier step
+decides which to keep; then the caches roll back to what was kept, the drafter learns what became of its drafts,
+and the round is recorded and priced (here). Who verifies:
 
-    verify_ar   the full verifier emits one token
-    verify_sd   the full verifier checks every draft (lossless rejection sampling)
-    verify_via  each draft is sorted by confidence into tier A (kept as drafted), tier B (the slim
-                verifier decides) or tier C (the full verifier checks it and every later draft)
+    ar   the full verifier emits one token
+    sd   the full verifier checks every draft (lossless rejection sampling)
+    via  each draft is sorted by confidence into tier A (kept as drafted), tier B (the slim verifier decides) or
+         tier C (the full verifier checks it and every later draft)
 
-Each model keeps its own KV cache and catches up lazily on tokens it has not seen, so the full
-verifier runs only in rounds that escalate to it. In VIA-SD the slim and full verifier share the
-sub-layers before the route's first skip (progressive verification, progressive.ProgressiveVerifier):
-one KV cache there, and a full pass resumes from the hidden states the slim pass left.
-How many drafts a round has: `DecodeConfig(gamma="auto")` (the default) asks the cost model
-(costs.best_gamma) each round, from the pair's measured cost profile (pair.costs, the drafter's c) and the
-acceptance and tier shares seen so far in this run; every round records its gamma and every forward it made,
-and the summary prices those forwards (`predicted_tokens_per_s`, next to the measured `tokens_per_s`).
-`stream_events` yields an Event after drafting, after each tier's decisions and after each round.
+Each model keeps its own KV cache and catches up lazily on tokens it has not seen, so the full verifier runs only in
+rounds that escalate to it. In VIA-SD the slim and full verifier share the sub-layers before the route's first skip
+(progressive verification, progressive.ProgressiveVerifier): one KV cache there, and a full pass resumes from the
+hidden states the slim pass left. How many drafts a round has: `DecodeConfig(gamma="auto")` (the default) lets the
+drafter ask the cost model (cost.model.RoundCost) each round, from the pair's measured cost profile (pair.costs, the
+drafter's c) and the acceptance and tier shares seen so far in this run; every round records its gamma and every
+forward it made, and the summary prices those forwards (`predicted_tokens_per_s`, next to the measured
+`tokens_per_s`). `stream_events` yields an Event after drafting, after each tier's decisions and after each round.
 """
 
 from __future__ import annotations
@@ -25,18 +25,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterator
 
-import torch
-
+from ..cost.model import RoundCost, call_ms
 from .cached import CachedModel, Clock, Reader, drafter_cache
 from .config import DecodeConfig
-from ..cost.model import best_gamma, call_ms
 from .drafters import check_signal, describe, exit_caches, make_drafter
 from .pair import ModelPair
-from .plan import DRAFT, FULL, SLIM, force_verification, plan_round, slim_sorts, tier_of, unverified_run
+from .plan import FULL, slim_sorts, unverified_run
 from .progressive import ProgressiveVerifier
+from .proposal import Outcome
+from .record import Emitted, Round, record_round, until_eos
+from .round import Steps, speculative_round
+from .sampling import Sampler
 from .text import TokenText
-from .sampling import logits_to_probs, pick, relative_confidence, verify_draft
-from .record import Emitted, Round, candidates, record_round, until_eos
 from .trace import Tally, Trace
 
 METHODS = ("ar", "sd", "via")
@@ -51,197 +51,45 @@ def verifier_cache(pair: ModelPair, prompt_ids: list[int], reuse_opening: bool =
     return pair.openings.start("full", fresh, prompt_ids) if reuse_opening else fresh()
 
 
-class Decoder:
-    """State shared by the three methods: the pair, caches, sampling, clock, and the round's size."""
+@dataclass
+class Caches:
+    """A run's three models, each with its KV cache, as the round reads them (cached.Reader): every forward they
+    make is appended to `calls`; `opening`: the prompt tokens every cache started with (the chat opening)."""
 
-    def __init__(self, pair: ModelPair, config: DecodeConfig, clock: Clock, method: str, prompt_ids: list[int]):
-        self.pair, self.config, self.clock, self.method = pair, config, clock, method
-        self.device = pair.drafter.device  # where probabilities are compared and sampled
-        self.calls: list = []  # the current round's forwards (Reader appends; the loop hands them to the Round)
-        vocab, route = pair.vocab_size, tuple(pair.route.skip)
+    drafter: Reader
+    slim: Reader
+    full: Reader
+    calls: list
+    opening: int
 
-        def start(key, fresh, module=None):  # a fresh cache, or a copy of one that read the chat opening
-            return pair.openings.start(key, fresh, prompt_ids, module) if config.reuse_opening else fresh()
-
-        drafter = start("drafter", lambda: drafter_cache(pair.drafter, vocab, pair.drafter.device, self.device),
-                        pair.drafter)
-        kind, full = (config.drafter if method != "ar" else "model"), None
-        if kind == "early-exit":  # in SD the exit's cache is the verifier's for the shared layers
-            drafter, full = exit_caches(pair, config, method, start, self.device)
-        if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
-            verifiers = start(("progressive", route, config.slim_cache), lambda: ProgressiveVerifier(
-                pair.slim, vocab, self.device, slim_cache=config.slim_cache))
-            slim, full = verifiers.view("slim"), verifiers.view("full")
-        else:
-            slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, self.device))
-            full = full or verifier_cache(pair, prompt_ids, config.reuse_opening)
-        self.opening = min(m.seen for m in (drafter, slim, full))  # prompt tokens every cache started with
-        prompt = self.prompt_tokens = len(prompt_ids)
-        self.drafter, self.slim, self.full = (Reader(m, name, prompt, self.calls) for m, name in
-                                              ((drafter, "drafter"), (slim, "slim"), (full, "full")))
-        self.generator = torch.Generator(device=self.device).manual_seed(config.seed)
-        self.slim_sorts = slim_sorts(method, config.thresholds)
-        self.drafting = make_drafter(self, kind, pair, method, self.drafter)  # drafters.py: who proposes tokens
-        self.source = None  # who drafts this round (drafters.Drafter.source)
-
-    def gamma(self, remaining: int, seq: list[int]) -> int:
-        """This round's draft length: fixed, or the one the cost profile predicts is fastest now for the drafter that
-        drafts it; 0 for an AR step: nothing to propose (prompt lookup without a match), or, in SD with gamma="auto",
-        the round that reads the prompt (read in a call of its own, cached.Reader, its drafts would cost a second
-        pass, V(g), for what the next round checks at V(g + 1) - V(g) over an AR step; VIA-SD's tiers decide theirs)."""
-        self.source = None if self.method == "ar" else self.drafting.source(seq)
-        if self.method == "sd" and len(seq) == self.prompt_tokens and self.config.auto_gamma:
-            self.source = None  # (prompt lookup still observes the round)
-        if self.source is None:
-            return 0
-        if not self.config.auto_gamma:
-            return min(self.config.gamma, remaining)
-        method = "sd" if self.method == "sd" or self.config.thresholds.fixed_tier == FULL else "via"
-        profile, rates = self.drafting.profile(self.source), self.drafting.rates_for(self.source)
-        return min(best_gamma(profile, method, rates, self.slim_sorts, limit=self.drafting.limit(seq)), remaining)
-
-    def learn(self, rnd: Round, lag: int, start: int, emitted: list[int]) -> None:
-        """What the round (from sequence length `start`) tells the drafter (acceptance, tier shares, lag)."""
-        if self.source is not None:
-            rejected = any(c.decision == "replaced" for c in rnd.candidates)
-            self.drafting.learn(self.source, rnd.kept_drafts, rejected, rnd.sorted_tiers,
-                                lag if rnd.full_called else None)
-        self.drafting.observe(start, emitted)
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits_to_probs(logits, self.config.temperature, self.config.top_p)
-
-    def timed(self, rnd: Round, phase: str, fn):
-        start = self.clock.ms()
-        out = fn()
-        rnd.phase_ms[phase] += self.clock.ms() - start
-        return out
-
-    def draft(self, seq: list[int], gamma: int, rnd: Round) -> tuple[list[int], torch.Tensor | None]:
-        """The round's drafter proposes up to `gamma` tokens, with distributions p (one-hot where it has none)."""
-        if not gamma:
-            return [], None
-        tokens, p = self.timed(rnd, "draft", lambda: self.drafting.propose(seq, gamma))
-        if p is None and tokens:
-            p = torch.zeros(len(tokens), self.pair.vocab_size, device=self.device)
-            p[torch.arange(len(tokens)), torch.tensor(tokens)] = 1.0
-        return tokens, p
-
-    def score(self, model: CachedModel, phase: str, seq: list[int], drafts: list[int], start: int, stop: int,
-              rnd: Round) -> tuple[torch.Tensor, list[float]]:
-        """One pass of `model` fed up to drafts[:stop]: its distributions at draft positions start..stop
-        (row k scores draft start+k; the last row is the position after drafts[stop-1], the bonus position
-        when stop = len(drafts)), and r for drafts[start:stop]; records q(x) and the top choices."""
-        rnd.ran(phase)
-        ext = seq + drafts[:stop]
-        q = self.timed(rnd, phase, lambda: self.probs(model.logits(ext, len(ext), stop - start + 1)))
-        r, q_x, top = relative_confidence(q[:-1], torch.tensor(drafts[start:stop], device=q.device, dtype=torch.long))
-        for k, (qx, t) in enumerate(zip(q_x.tolist(), top.tolist())):
-            rnd.candidates[start + k].scored_by(phase, qx, t)
-        return q, r.tolist()
-
-    def check(self, rnd: Round, tier: str, drafts: list[int], p, q, start: int) -> None:
-        """Standard speculative check of drafts[start:] against q (q[k] scores position start+k);
-        a replacement ends the round, otherwise the bonus token comes from q's last row."""
-        for k in range(len(drafts) - start):
-            if not self.check_one(rnd, tier, drafts, p, q[k], start + k):
-                return
-        self.bonus(rnd, tier, q[-1])
-
-    def check_one(self, rnd: Round, tier: str, drafts: list[int], p, q_row: torch.Tensor, i: int) -> bool:
-        """The speculative check of draft i against one verifier row; True if the draft was kept."""
-        kept, out = verify_draft(drafts[i], p[i], q_row, self.config.greedy, self.generator)
-        self.decide(rnd, i, out, tier, "kept" if kept else "replaced", p).scored_by(tier, float(q_row[out]))
-        return kept
-
-    def decide(self, rnd: Round, i: int, token: int, tier: str, outcome: str, p) -> Emitted:
-        """Records tier `tier`'s decision on candidate i and the token it emits there (a kept draft carries what
-        the verifiers said of it)."""
-        cand = rnd.candidates[i]
-        cand.tier = tier
-        cand.decision = "accepted" if tier == DRAFT else outcome
-        rnd.kept_drafts += outcome == "kept"
-        kept = outcome == "kept"
-        rnd.emitted.append(Emitted(token, tier, outcome, float(p[i][token]), cand.q_slim if kept else None,
-                                   cand.q_full if kept else None, cand.confidence))
-        return rnd.emitted[-1]
-
-    def bonus(self, rnd: Round, tier: str, q_row: torch.Tensor) -> None:
-        """The verifier that ran last adds one token of its own after the kept drafts."""
-        token = pick(q_row, self.config.greedy, self.generator)
-        rnd.emitted.append(Emitted(token, tier, "bonus").scored_by(tier, float(q_row[token])))
+    def rollback(self, length: int) -> None:
+        for model in (self.drafter, self.slim, self.full):
+            model.rollback(length)
 
 
-# Each verify_* decides the round's drafts and yields after each group of decisions (for live views).
+def open_caches(pair: ModelPair, config: DecodeConfig, method: str, prompt_ids: list[int]) -> Caches:
+    """Fresh caches for a run, or copies of ones that read the chat opening (opening.py); in VIA-SD the slim and
+    full verifier share their trunk (progressive), in SD an early-exit drafter shares the verifier's."""
+    device, vocab, route = pair.drafter.device, pair.vocab_size, tuple(pair.route.skip)
 
-def verify_ar(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
-    """Autoregressive: the full verifier alone emits one token."""
-    rnd.full_called = True
-    q = dec.timed(rnd, "full", lambda: dec.probs(dec.full.logits(seq, len(seq), 1)))
-    dec.bonus(rnd, FULL, q[0])
-    yield from ()  # no drafts to announce
+    def start(key, fresh, module=None):
+        return pair.openings.start(key, fresh, prompt_ids, module) if config.reuse_opening else fresh()
 
-
-def verify_sd(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
-    """Speculative decoding: the full verifier checks every draft in one parallel pass."""
-    rnd.sorted_tiers = [FULL] * len(drafts)
-    q, _ = dec.score(dec.full, FULL, seq, drafts, 0, len(drafts), rnd)
-    dec.check(rnd, FULL, drafts, p, q, 0)
-    yield
-
-
-def verify_via(dec: Decoder, seq: list[int], drafts, p, rnd: Round) -> Iterator[None]:
-    """VIA-SD: tier A keeps the draft, tier B asks the slim verifier, tier C defers to the full one, in the
-    order the round plan (plan.py) gives; each verifier runs at most once a round."""
-    th, n, cands = dec.config.thresholds, len(drafts), rnd.candidates
-    q_slim, offset = None, 0
-    if dec.slim_sorts:
-        q_slim, confidence = dec.score(dec.slim, SLIM, seq, drafts, 0, n, rnd)
-    elif th.signal == "slim":  # the thresholds alone decide every tier: no slim pass for the signal
-        confidence = [None] * n
+    drafter = start("drafter", lambda: drafter_cache(pair.drafter, vocab, pair.drafter.device, device), pair.drafter)
+    full = None
+    if method != "ar" and config.drafter == "early-exit":  # in SD the exit's cache is the verifier's for its layers
+        drafter, full = exit_caches(pair, config, method, start, device)
+    if method == "via" and config.progressive:  # slim and full share the sub-layers before the first skip
+        verifiers = start(("progressive", route, config.slim_cache), lambda: ProgressiveVerifier(
+            pair.slim, vocab, device, slim_cache=config.slim_cache))
+        slim, full = verifiers.view("slim"), verifiers.view("full")
     else:
-        confidence = [c.p_draft for c in cands]
-    tiers = [th.fixed_tier or tier_of(r, th) for r in confidence]
-    if rnd.forced_by:  # too many tokens in a row were kept unverified: a verifier sees this round
-        tiers = force_verification(tiers, dec.slim_sorts)
-    for c, r in zip(cands, confidence):
-        c.confidence = r
-    rnd.sorted_tiers = tiers
-    plan = plan_round(tiers, dec.slim_sorts)
-    full_from = plan.full[0] if plan.full else n
-
-    k = 0
-    while k < full_from and plan.decide[k] == DRAFT:  # tier A at once
-        dec.decide(rnd, k, drafts[k], DRAFT, "kept", p)
-        k += 1
-    if k:
-        yield
-    if plan.slim is not None and q_slim is None:  # draft signal: the slim pass over its stretch only
-        q_slim, _ = dec.score(dec.slim, SLIM, seq, drafts, *plan.slim, rnd)
-        offset = plan.slim[0]
-    decided_by_slim = False
-    for k in range(k, full_from):
-        if plan.decide[k] == DRAFT:
-            dec.decide(rnd, k, drafts[k], DRAFT, "kept", p)
-        else:
-            decided_by_slim = True
-            if not dec.check_one(rnd, SLIM, drafts, p, q_slim[k - offset], k):
-                yield
-                return
-    if plan.full is None:  # the round never escalated: the bonus comes from the slim pass, if it saw that far
-        if plan.bonus == SLIM:
-            dec.bonus(rnd, SLIM, q_slim[-1])
-        if decided_by_slim:
-            yield
-        return
-    if decided_by_slim:
-        yield
-    q_full, _ = dec.score(dec.full, FULL, seq, drafts, full_from, n, rnd)
-    dec.check(rnd, FULL, drafts, p, q_full, full_from)
-    yield
-
-
-VERIFY = {"ar": verify_ar, "sd": verify_sd, "via": verify_via}
+        slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, device))
+        full = full or verifier_cache(pair, prompt_ids, config.reuse_opening)
+    opening = min(m.seen for m in (drafter, slim, full))
+    calls, n = [], len(prompt_ids)
+    return Caches(Reader(drafter, "drafter", n, calls), Reader(slim, "slim", n, calls), Reader(full, "full", n, calls),
+                  calls, opening)
 
 
 @dataclass
@@ -262,8 +110,8 @@ class Event:
 
 
 class Run:
-    """One decode in progress: its decoder, the growing trace and the clock (time a consumer holds an event is not
-    decoding time)."""
+    """One decode in progress: its caches, drafter and round steps, the growing trace and the clock (time a consumer
+    holds an event is not decoding time)."""
 
     def __init__(self, pair: ModelPair, prompt: str, method: str, config: DecodeConfig):
         self.prompt_ids = pair.encode(prompt, chat=config.chat)
@@ -274,10 +122,16 @@ class Run:
         check_signal(config.drafter, method, config.thresholds.signal)
         self.pair, self.method, self.config = pair, method, config
         self.clock = Clock(pair.drafter.device)
-        self.dec = Decoder(pair, config, self.clock, method, self.prompt_ids)  # reads the chat opening once per pair
+        self.caches = open_caches(pair, config, method, self.prompt_ids)  # reads the chat opening once per pair
+        sampler, sorts = Sampler(config, pair.drafter.device), slim_sorts(method, config.thresholds)
+        round_cost = RoundCost.of(method, config.thresholds.fixed_tier == FULL, sorts)
+        kind = config.drafter if method != "ar" else "model"
+        self.drafter = make_drafter(kind, pair, config, round_cost, self.caches.drafter, sampler, len(self.prompt_ids))
+        self.steps = Steps(self.drafter, self.caches.slim, self.caches.full, sampler, self.clock, method,
+                           config.thresholds, sorts, pair.tokenizer, pair.vocab_size, pair.drafter.device)
         # the pair's cost profile (measured once per machine and pair, via_sd.core.profile), the drafter's c in it
-        self.profile = self.dec.drafting.costs
-        models = {**pair.describe(), "drafter": describe(config, pair), "drafter_kind": self.dec.drafting.name}
+        self.profile = self.drafter.costs
+        models = {**pair.describe(), "drafter": describe(config, pair), "drafter_kind": self.drafter.name}
         self.trace = Trace(method=method, prompt=prompt, models=models, device=str(pair.slim.device),
                            dtype=str(pair.dtype).replace("torch.", ""), config=config.to_dict(),
                            costs=self.profile.to_dict())
@@ -286,6 +140,7 @@ class Run:
         self.start, self.paused = self.clock.ms(), 0.0
         self.unverified = 0  # tokens in a row kept as drafted since a verifier last checked one (max_unverified)
         self.priced_ms = 0.0  # the recorded forwards priced by the cost profile (predicted_tokens_per_s)
+        self.over = False  # the token budget is spent or the text ended
 
     def hand_over(self, event: Event) -> Iterator[Event]:
         """Yields `event`; the time the consumer holds it counts as paused, not as decoding."""
@@ -294,55 +149,56 @@ class Run:
         self.paused += self.clock.ms() - handed
 
     def round(self) -> Iterator[Event]:
-        """One round, as gpt-fast's speculative_decode: draft, let the method's verifier step decide (an event after
-        drafting and after each group of decisions), roll every cache back to what was kept, record. Returns True
-        when the run is over (token budget or end of text)."""
-        dec, trace, k = self.dec, self.trace, len(self.trace.rounds)
+        """One round: speculative_round decides it, reporting its drafts and each group of decisions (handed over
+        here as events); then every cache rolls back to what was kept, the drafter learns the outcome, and the round
+        is recorded and its forwards priced. Sets `over` when the run is done (token budget or end of text)."""
+        trace, k, remaining = self.trace, len(self.trace.rounds), self.config.max_new_tokens - len(self.trace.tokens)
         round_start, paused_before = self.clock.ms(), self.paused
-        remaining = self.config.max_new_tokens - len(trace.tokens)
-        # dec.gamma picks who drafts this round (dec.source) and how many tokens
-        rnd = Round(gamma=dec.gamma(remaining, self.seq), forced_by=self.forced_by(), drafter=dec.source)
+        rnd = self.steps.begin(forced_by=self.forced_by())
         # tokens past the prompt the full verifier has yet to catch up on (it reads the prompt in a call of its own)
-        lag = len(self.seq) - max(dec.full.seen, len(self.prompt_ids))
-        drafts, p = dec.draft(self.seq, rnd.gamma, rnd)
-        rnd.candidates = candidates(drafts, p, self.pair.tokenizer)
-        steps = VERIFY[self.method if drafts else "ar"](dec, self.seq, drafts, p, rnd)  # no drafts: an AR step
-        if drafts:
-            yield from self.hand_over(Event("drafts", k, trace, [asdict(c) for c in rnd.candidates]))
-        for _ in steps:
-            yield from self.hand_over(Event("decided", k, trace, [asdict(c) for c in rnd.candidates]))
+        lag = len(self.seq) - max(self.caches.full.seen, len(self.prompt_ids))
+        for kind in speculative_round(self.steps, self.seq, self.draft_limit(remaining)):
+            yield from self.hand_over(Event(kind, k, trace, [asdict(c) for c in rnd.candidates]))
         emitted = until_eos(rnd.emitted[:remaining], self.pair.eos_ids)
-        start = len(self.seq)
-        self.keep(rnd, emitted)
-        dec.learn(rnd, lag, start, [tok.id for tok in emitted])
+        self.keep(rnd, emitted, lag)
         held = self.paused - paused_before
         record_round(trace, rnd, emitted, self.text, self.tally, round_start - self.start - paused_before,
                      self.clock.ms() - round_start - held)
         self.priced_ms += sum(call_ms(self.profile, c) for c in rnd.calls)  # this round's forwards, priced once
         trace.token_ids, trace.text = self.seq[len(self.prompt_ids):], self.text.text
-        return len(emitted) >= remaining or emitted[-1].id in self.pair.eos_ids
+        self.over = len(emitted) >= remaining or emitted[-1].id in self.pair.eos_ids
+
+    def draft_limit(self, remaining: int) -> int:
+        """The most drafts this round may have: the tokens left; none in AR, and none in SD's round that reads the
+        prompt with gamma="auto" (read in a call of its own, cached.Reader, its drafts would cost a second pass,
+        V(g), for what the next round checks at V(g + 1) - V(g) over an AR step; VIA-SD's tiers decide theirs)."""
+        reads_prompt = self.method == "sd" and len(self.seq) == len(self.prompt_ids) and self.config.auto_gamma
+        return 0 if self.method == "ar" or reads_prompt else remaining
 
     def forced_by(self) -> str | None:
         """"max_unverified" when too many tokens in a row were kept with no verifier: this round must verify."""
         bound = self.config.max_unverified
         return "max_unverified" if self.method == "via" and bound and self.unverified >= bound else None
 
-    def keep(self, rnd: Round, emitted: list[Emitted]) -> None:
-        """Every cache rolls back to what all of them may keep; the sequence takes the emitted tokens."""
-        valid = len(self.seq) + min(rnd.kept_drafts, len(emitted))
-        for model in (self.dec.drafter, self.dec.slim, self.dec.full):
-            model.rollback(valid)
+    def keep(self, rnd: Round, emitted: list[Emitted], lag: int) -> None:
+        """Every cache rolls back to what all of them may keep; the sequence takes the emitted tokens; the drafter
+        learns what became of the round (the full verifier's lag where it ran)."""
+        start = len(self.seq)
+        self.caches.rollback(start + min(rnd.kept_drafts, len(emitted)))
         self.seq.extend(tok.id for tok in emitted)
         self.unverified = unverified_run(self.unverified, [(tok.tier, tok.outcome) for tok in emitted])
-        rnd.calls = list(self.dec.calls)
-        self.dec.calls.clear()
+        rnd.calls = list(self.caches.calls)
+        self.caches.calls.clear()
+        rejected = any(c.decision == "replaced" for c in rnd.candidates)
+        self.drafter.update(Outcome(rnd.drafter, rnd.kept_drafts, rejected, rnd.sorted_tiers,
+                                    lag if rnd.full_called else None, start, [tok.id for tok in emitted]))
 
     def summary(self, **extra) -> dict:
         # No separate prefill: each model reads the prompt with its first call of round 0, so prefill_ms is 0.
         wall = self.clock.ms() - self.start - self.paused
         predicted = 1000.0 * len(self.trace.tokens) / self.priced_ms if self.priced_ms else 0.0
         return {**self.tally.summary(0.0, wall), "prompt_tokens": len(self.prompt_ids),
-                "opening_tokens": self.dec.opening, "predicted_tokens_per_s": predicted, **extra}
+                "opening_tokens": self.caches.opening, "predicted_tokens_per_s": predicted, **extra}
 
     def finish(self, stopped: bool) -> Event:
         """The last event: the text settled, the final summary."""
@@ -372,7 +228,8 @@ def stream_events(pair: ModelPair, prompt: str, method: str = "via", config: Dec
         if stop is not None and stop.is_set():
             stopped = True
             break
-        if (yield from run.round()):  # the token budget or end of text
+        yield from run.round()
+        if run.over:  # the token budget or end of text
             break
         run.trace.summary = run.summary()
         yield from run.hand_over(Event("round", len(run.trace.rounds) - 1, run.trace,

@@ -4,7 +4,7 @@ Its cost per token on this machine is measured once per pair and exit layer and 
 profile (via_sd.core.profile), as that profile measures the model drafter: steps after a 200-token context, each
 timed right after a one-token verifier step and kept as a ratio to it (a VM's speed drifts between probes timed
 apart), the median of the ratios times the profile's verify(1). (Prompt lookup's cost, a search in Python, is
-timed in the process: drafters.lookup_ms.)
+timed in the process: lookup.lookup_ms.)
 """
 
 from __future__ import annotations

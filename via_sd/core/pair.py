@@ -1,6 +1,6 @@
 """Load a drafter / verifier pair: presets, hub ids, local folders, GGUF files.
 
-`weights=` picks the precision (lowbit.py): "auto" is int4 on CPU and bf16 on CUDA; "fp32",
+`weights=` picks the precision (weights/settings.py): "auto" is int4 on CPU and bf16 on CUDA; "fp32",
 "bf16" and "int4" work with every source. A verifier is spread over several GPUs with
 accelerate's `device_map="auto"`. Remote code is never trusted. The slim verifier is a routed view of the
 verifier (see routing.py), so a pair holds two sets of weights, not three.
@@ -127,7 +127,7 @@ class ModelPair:
     @property
     def costs(self):
         """The pair's cost profile on this machine (via_sd.cost.model.CostProfile): read from the cache, measured
-        once when missing (via_sd.core.profile; about a minute for the embedded pair on 2 cores)."""
+        once when missing (via_sd.core.profile; its cost: BENCHMARKS.md)."""
         if getattr(self, "_costs", None) is None or self._costs.key.get("route") != list(self.route.skip):
             from .profile import profile_for
 
@@ -223,7 +223,7 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     for this verifier earlier, `route_for` searches one. The two tokenizers are compared before any weights are read
     (vocabulary, special tokens, sample text: `shared_vocab`); a mismatch is a ValueError naming what differs.
     `weights`: "auto" (int4 on CPU, bf16 on CUDA; fp32 for the tiny "random" pair), "fp32", "bf16",
-    or "int4" (see lowbit.py). `device`: "cpu", "cuda" (an error when torch sees no CUDA device) or a torch.device.
+    or "int4" (see weights/settings.py). `device`: "cpu", "cuda" (an error when torch sees no CUDA device) or a torch.device.
     """
     from ..weights.settings import apply_weights, resolve_weights
 

@@ -1,10 +1,10 @@
 """The tier rule and the round plan, in plain Python (no torch: viz and the what-if use them too).
 
-`tier_of` sorts one draft into a tier from its confidence; a change to how VIA-SD sorts draft tokens
-touches it and nothing else. `plan_round`: given the tier each draft was sorted into, which verifier reads which positions and
-who decides each draft. One pure function (no torch), used by the engine running a round
-(decoding.verify_via), by the what-if replaying a recorded round under other thresholds
-(via_sd.replay) and by every count of verifier calls made from a trace.
+`tier_of` sorts one draft into a tier from its confidence, and `sort_tiers` a round's drafts (a forced round closes
+tier A): a change to how VIA-SD sorts draft tokens touches them and nothing else. `plan_round`: given the tier each
+draft was sorted into, which verifier reads which positions and who decides each draft. Pure functions (no torch),
+used by the engine running a round (round.speculative_round), by the what-if replaying a recorded round under
+other thresholds (viz/what_if.py) and by every count of verifier calls made from a trace.
 
 A round has n drafts. A pass (start, stop) feeds the drafts up to drafts[:stop] (after whatever the
 verifier has not yet seen: its lag) and scores draft positions start..stop-1, plus the position
@@ -105,6 +105,12 @@ def tier_of(confidence: float, thresholds: Thresholds) -> str:
         return SLIM
     return FULL
 
+
+def sort_tiers(confidence: list, thresholds: Thresholds, forced: bool, slim_sorts: bool) -> list[str]:
+    """The tier of each draft of a round from its confidence r (every draft's when the thresholds fix it); a forced
+    round (`max_unverified`) closes tier A (force_verification)."""
+    tiers = [thresholds.fixed_tier or tier_of(r, thresholds) for r in confidence]
+    return force_verification(tiers, slim_sorts) if forced else tiers
 
 
 @dataclass(frozen=True)

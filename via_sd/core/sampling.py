@@ -16,7 +16,6 @@ from __future__ import annotations
 import torch
 
 
-
 def relative_confidence(probs: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """r = q(x) / max_v q(v) for each row of `probs` and its token x (1.0 when x is the top choice).
 
@@ -74,3 +73,22 @@ def verify_draft(
     if float(total) <= 0:  # q == p everywhere: the draft would have been kept
         return True, token
     return False, int(torch.multinomial(residual / total, 1, generator=generator))
+
+
+class Sampler:
+    """A run's sampling: its temperature and top-p, greedy or not, and its one seeded generator, which the drafter
+    and the verifiers draw from in turn (one stream of random numbers per run, so a seed replays a run)."""
+
+    def __init__(self, config, device):
+        self.temperature, self.top_p, self.greedy = config.temperature, config.top_p, config.greedy
+        self.generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits_to_probs(logits, self.temperature, self.top_p)
+
+    def pick(self, probs: torch.Tensor) -> int:
+        return pick(probs, self.greedy, self.generator)
+
+    def check(self, token: int, p: torch.Tensor, q: torch.Tensor) -> tuple[bool, int]:
+        """(kept, emitted token): the speculative check of `token` drafted from p against q (verify_draft)."""
+        return verify_draft(token, p, q, self.greedy, self.generator)

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 MAX_ROWS = 17          # the profile's verification passes: k = 1..MAX_ROWS new tokens
 MAX_GAMMA = MAX_ROWS - 1
 PROMPT_LENGTHS = (32, 128)
-MODELS = ("drafter", "slim", "full")
 
 # Memory bandwidth in GB/s of cards a Space or a lecture hall might have (vendor figures).
 GPU_CARDS = {"A10G": 600.0, "L4": 300.0, "H100": 3350.0}
@@ -72,7 +71,7 @@ class CostProfile:
         curve = {int(k): v for k, v in (self.prompt_ms.get(model) or {}).items()}
         if not curve:
             return {"drafter": self.draft, "slim": self.slim, "full": self.verify}[model](n)
-        return _interpolate(curve, n)
+        return interpolate(curve, n)
 
     # ---- in units of one one-token verifier pass ----
     def V(self, k: int) -> float:
@@ -84,10 +83,6 @@ class CostProfile:
 
     def s(self, k: int = 1) -> float:
         return self.slim(k) / self.verify(k)
-
-    def curve(self) -> list[tuple[int, float]]:
-        """(k, V(k)) for every measured k."""
-        return [(k, self.V(k)) for k in range(1, len(self.verify_ms) + 1)]
 
     def to_dict(self) -> dict:
         return {"verify_ms": list(self.verify_ms), "slim_ms": list(self.slim_ms), "resume_ms": list(self.resume_ms),
@@ -116,9 +111,16 @@ def _row_cost(values: tuple, k: int) -> float:
     return float(values[-1] + max(step, 0.0) * (k - len(values)))
 
 
-def _interpolate(curve: dict[int, float], n: int) -> float:
-    """Piecewise-linear through (length, ms), through the origin below the first point, the last segment extended."""
+def interpolate(curve: dict[int, float], n: int, through_origin: bool = True) -> float:
+    """Piecewise-linear through (length, ms), the last segment extended. Below the first point: through the origin
+    (`through_origin`, a prompt read), or the first segment extended, never below 0 (a projection's grid)."""
     pts = sorted(curve.items())
+    if not through_origin:
+        if len(pts) == 1:
+            return pts[0][1]
+        k = next((k for k in range(1, len(pts)) if n <= pts[k][0]), len(pts) - 1)
+        (x0, y0), (x1, y1) = pts[k - 1], pts[k]
+        return max(y0 + (y1 - y0) * (n - x0) / (x1 - x0), 0.0)
     if n <= pts[0][0]:
         return pts[0][1] * n / pts[0][0]
     for (x0, y0), (x1, y1) in zip(pts, pts[1:]):
@@ -197,10 +199,10 @@ def sd_round_ms(profile: CostProfile, gamma: int) -> float:
 
 def all_tier_a(gamma: int, rates: "Rates") -> float:
     """Under the draft signal, the chance that a round's gamma drafts all land in tier A (no verifier runs)."""
-    return (1.0 - rates.escalate - rates.slim) ** gamma if rates.escalate + rates.slim < 1 else 0.0
+    return (1.0 - rates.full_share - rates.slim_share) ** gamma if rates.full_share + rates.slim_share < 1 else 0.0
 
 
-def via_round_ms(profile: CostProfile, gamma: int, rates: "Rates", slim_signal: bool) -> float:
+def via_round_ms(profile: CostProfile, gamma: int, rates: "Rates", slim_sorts: bool) -> float:
     """Expected cost of a VIA-SD round that drafts gamma tokens.
 
     Slim signal: the slim pass sorts every draft; a round with a tier-C draft then runs the full pass,
@@ -208,18 +210,18 @@ def via_round_ms(profile: CostProfile, gamma: int, rates: "Rates", slim_signal: 
     pass alone; one with tier B and no tier C runs the slim pass; one all in tier A runs no verifier.
     The full pass reads the drafts and the tokens it lags behind (`rates.lag`: at least the last round's
     bonus token, which no verifier has read yet)."""
-    no_c = (1.0 - rates.escalate) ** gamma
+    no_c = (1.0 - rates.full_share) ** gamma
     rows = round(gamma + max(rates.lag, 1.0))
-    if slim_signal:
+    if slim_sorts:
         return gamma * profile.draft(1) + profile.slim(gamma + 1) + (1.0 - no_c) * profile.resume(rows)
     slim_only = max(no_c - all_tier_a(gamma, rates), 0.0)
     return gamma * profile.draft(1) + (1.0 - no_c) * profile.verify(rows) + slim_only * profile.slim(gamma + 1)
 
 
-def via_round_tokens(gamma: int, rates: "Rates", slim_signal: bool) -> float:
+def via_round_tokens(gamma: int, rates: "Rates", slim_sorts: bool) -> float:
     """Expected tokens a VIA-SD round emits: a verifier's bonus token comes only from a round that ran one, so
     under the draft signal a round all in tier A emits its gamma drafts and nothing more."""
-    if slim_signal:
+    if slim_sorts:
         return rates.emitted(gamma)
     all_a = all_tier_a(gamma, rates)
     return all_a * gamma + (1.0 - all_a) * rates.emitted(gamma)
@@ -228,7 +230,7 @@ def via_round_tokens(gamma: int, rates: "Rates", slim_signal: bool) -> float:
 @dataclass
 class Rates:
     """Running estimates a run learns round by round: per-draft acceptance, the shares of drafts sorted into
-    tier C (escalate) and tier B (slim), and how far the full verifier lags behind (tokens past the prompt it
+    tier C (full_share) and tier B (slim_share), and how far the full verifier lags behind (tokens past the prompt it
     catches up on before the round's drafts; the prompt is read in a call of its own). Starts from a prior worth
     ten drafts (acceptance 0.7, no escalation) and a lag of one token (the last round's bonus)."""
 
@@ -248,11 +250,13 @@ class Rates:
         return expected_emitted(self.alpha, gamma)
 
     @property
-    def escalate(self) -> float:
+    def full_share(self) -> float:
+        """The share of drafts sorted into tier C (escalated to the full verifier)."""
         return self.to_full / self.sorted
 
     @property
-    def slim(self) -> float:
+    def slim_share(self) -> float:
+        """The share of drafts sorted into tier B."""
         return self.to_slim / self.sorted
 
     def add(self, kept: int, rejected: bool, tiers: list[str], lag: int | None = None) -> None:
@@ -266,18 +270,39 @@ class Rates:
             self.lag = 0.8 * self.lag + 0.2 * lag
 
 
-def best_gamma(profile: CostProfile, method: str, rates: Rates, slim_signal: bool = True,
+@dataclass(frozen=True)
+class RoundCost:
+    """How a run's rounds are priced, decided once per run: as plain SD's (`kind` "sd": the method is SD, or VIA-SD's
+    thresholds send every draft to tier C) or as VIA-SD's tiers ("via"; `slim_sorts`: the slim pass sorts every
+    round's drafts). `rate` is a round's predicted tokens per ms, `best` the round size that maximises it."""
+
+    kind: str
+    slim_sorts: bool = True
+
+    @classmethod
+    def of(cls, method: str, every_draft_to_full: bool, slim_sorts: bool) -> "RoundCost":
+        return cls("sd" if method == "sd" or every_draft_to_full else "via", slim_sorts)
+
+    def rate(self, profile: CostProfile, rates: Rates, gamma: int) -> float:
+        """E / cost: the tokens a round of gamma drafts is expected to emit over what it is expected to cost."""
+        if self.kind == "sd":
+            return rates.emitted(gamma) / sd_round_ms(profile, gamma)
+        return via_round_tokens(gamma, rates, self.slim_sorts) / via_round_ms(profile, gamma, rates, self.slim_sorts)
+
+    def best(self, profile: CostProfile, rates: Rates, limit: int = MAX_GAMMA) -> tuple[int, float]:
+        """(gamma, its rate): the draft length of at most `limit` that maximises the rate (ties: the shorter)."""
+        best, best_rate = 1, -1.0
+        for g in range(1, max(limit, 1) + 1):
+            rate = self.rate(profile, rates, g)
+            if rate > best_rate * (1 + 1e-9):
+                best, best_rate = g, rate
+        return best, best_rate
+
+
+def best_gamma(profile: CostProfile, method: str, rates: Rates, slim_sorts: bool = True,
                limit: int = MAX_GAMMA) -> int:
     """The draft length that maximises predicted tokens per millisecond (ties: the shorter round)."""
-    best, best_rate = 1, -1.0
-    for g in range(1, max(limit, 1) + 1):
-        if method == "sd":
-            rate = rates.emitted(g) / sd_round_ms(profile, g)
-        else:
-            rate = via_round_tokens(g, rates, slim_signal) / via_round_ms(profile, g, rates, slim_signal)
-        if rate > best_rate * (1 + 1e-9):
-            best, best_rate = g, rate
-    return best
+    return RoundCost(method, slim_sorts).best(profile, rates, limit)[0]
 
 
 def ceiling(profile: CostProfile, alpha: float, gamma: int) -> float:
