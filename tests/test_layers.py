@@ -168,6 +168,7 @@ LONG_MODULES = {
     "via_sd/cost/model.py": "the cost model is one sheet of formulas: a pass's cost, a recorded run priced call by "
                             "call, a round's expected tokens and cost (the rule that sizes rounds), other machines",
     "via_sd/core/pair.py": "loading a pair: the presets, the embedded pair's build and the tiny random pair",
+    "via_sd/core/routing.py": "a route and the slim verifier that runs it, for every decoder family it supports",
     "via_sd/core/trace_fields.py": "every field of a trace with its type and bounds: one table the gate checks",
     "via_sd/weights/linears.py": "the low-bit linear layers and the rule that picks each pass's kernel",
     "viz/what_if.py": "the what-if replay mirrors the engine's round step by step: read as one algorithm",
