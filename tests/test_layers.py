@@ -173,6 +173,7 @@ LONG_MODULES = {
     "via_sd/weights/linears.py": "the low-bit linear layers and the rule that picks each pass's kernel",
     "viz/what_if.py": "the what-if replay mirrors the engine's round step by step: read as one algorithm",
     "viz/figures.py": "the page's figures, each a short function over one trace",
+    "studio/mcp_tools.py": "the MCP server: its per-connection runs and every tool it serves, with their schemas",
     "studio/models.py": "the loaded pair shared by every session: loading, warming, routes and the status line",
 }
 
