@@ -14,15 +14,15 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 
 def _session_cache() -> Path:
-    """A cache for this test session holding only what the set-up made (`python -m via_sd setup`: the embedded pair
-    and the compiled kernel, linked, and the cost profile it measured, copied), never what an earlier test run measured or searched: so a
+    """A cache for this test session holding only what the set-up made (`python -m via_sd setup`: the embedded pair,
+    the compiled kernel and the built int4 models, linked, and the cost profile it measured, copied), never what an earlier test run measured or searched: so a
     session on a machine that ran the tests before behaves as on a fresh one."""
     from via_sd.cli.setup import SETUP_RECORD
     from via_sd.weights.paths import cache_root
 
     built, session = cache_root(), Path(tempfile.mkdtemp(prefix="via-sd-tests-"))
     atexit.register(shutil.rmtree, session, ignore_errors=True)
-    for made in ("embedded", "kernels"):  # the pair and the compiled low-bit kernel
+    for made in ("embedded", "kernels", "built"):  # the pair, the compiled low-bit kernel, the pair's built int4 models
         if (built / made).is_dir():
             (session / made).symlink_to(built / made, target_is_directory=True)
     try:

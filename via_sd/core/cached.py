@@ -78,10 +78,11 @@ class CachedModel:
 
 class Reader:
     """What a decoder calls: `model` (a CachedModel or a VerifierView), the prompt read on its own, every
-    forward recorded in `calls` as {"model", "rows", "past", "resume", "prompt"}."""
+    forward recorded in `calls` as {"model", "rows", "past", "resume", "prompt"}, and with a `clock` its "ms" (what
+    the pass took: the evidence that keeps a cost profile honest, via_sd.core.profile)."""
 
-    def __init__(self, model, name: str, prompt: int, calls: list):
-        self.model, self.name, self.prompt, self.calls = model, name, prompt, calls
+    def __init__(self, model, name: str, prompt: int, calls: list, clock: Clock | None = None):
+        self.model, self.name, self.prompt, self.calls, self.clock = model, name, prompt, calls, clock
         self.trunk_owner = getattr(model, "owner", None)  # a ProgressiveVerifier's view: its shared sub-layers
         self.trunk = self.trunk_owner if self.trunk_owner is not None and not model.skip else None
 
@@ -97,7 +98,7 @@ class Reader:
                 and getattr(self.trunk_owner, "slim_reads_full", False)):
             # the slim verifier reads the full one's cache: the full one reads the prompt (but its last token, whose
             # logits the slim one needs: its pass starts there), once for both
-            full = Reader(self.trunk_owner.view("full"), "full", self.prompt, self.calls)
+            full = Reader(self.trunk_owner.view("full"), "full", self.prompt, self.calls, self.clock)
             full.logits(seq, self.prompt - 1, 1)
         start = min(self.seen, upto - keep)
         # the slim view that reads the full one's cache lacks only the prompt's last token: its own pass starts there
@@ -111,10 +112,14 @@ class Reader:
     def _read(self, seq, upto: int, keep: int, start: int) -> torch.Tensor:
         resume = self.trunk is not None and self.trunk.seen >= upto  # the shared sub-layers ran already
         prompt = upto <= self.prompt  # reading the prompt (after a cached opening too: opening.py)
-        self.calls.append({"model": self.name, "rows": upto - start, "past": start, "resume": resume,
-                           "prompt": prompt})
+        call = {"model": self.name, "rows": upto - start, "past": start, "resume": resume, "prompt": prompt}
+        self.calls.append(call)
+        begin = self.clock.ms() if self.clock is not None else None
         with reading_prompt() if prompt else nullcontext():
-            return self.model.logits(seq, upto, keep)
+            logits = self.model.logits(seq, upto, keep)
+        if begin is not None:
+            call["ms"] = round(self.clock.ms() - begin, 3)
+        return logits
 
     def rollback(self, length: int) -> None:
         self.model.rollback(length)

@@ -67,9 +67,11 @@ class Caches:
             model.rollback(length)
 
 
-def open_caches(pair: ModelPair, config: DecodeConfig, method: str, prompt_ids: list[int]) -> Caches:
+def open_caches(pair: ModelPair, config: DecodeConfig, method: str, prompt_ids: list[int],
+                clock: Clock | None = None) -> Caches:
     """Fresh caches for a run, or copies of ones that read the chat opening (opening.py); in VIA-SD the slim and
-    full verifier share their trunk (progressive), in SD an early-exit drafter shares the verifier's."""
+    full verifier share their trunk (progressive), in SD an early-exit drafter shares the verifier's. With a `clock`
+    every recorded forward carries its milliseconds (the evidence a cost profile is corrected from)."""
     device, vocab, route = pair.drafter.device, pair.vocab_size, tuple(pair.route.skip)
 
     def start(key, fresh, module=None):
@@ -88,7 +90,7 @@ def open_caches(pair: ModelPair, config: DecodeConfig, method: str, prompt_ids: 
         full = full or verifier_cache(pair, prompt_ids, config.reuse_opening)
     opening = min(m.seen for m in (drafter, slim, full))
     calls, n = [], len(prompt_ids)
-    return Caches(Reader(drafter, "drafter", n, calls), Reader(slim, "slim", n, calls), Reader(full, "full", n, calls),
+    return Caches(*(Reader(m, name, n, calls, clock) for m, name in ((drafter, "drafter"), (slim, "slim"), (full, "full"))),
                   calls, opening)
 
 
@@ -122,7 +124,7 @@ class Run:
         check_signal(config.drafter, method, config.thresholds.signal)
         self.pair, self.method, self.config = pair, method, config
         self.clock = Clock(pair.drafter.device)
-        self.caches = open_caches(pair, config, method, self.prompt_ids)  # reads the chat opening once per pair
+        self.caches = open_caches(pair, config, method, self.prompt_ids, self.clock)  # reads the chat opening once per pair
         sampler, sorts = Sampler(config, pair.drafter.device), slim_sorts(method, config.thresholds)
         round_cost = RoundCost.of(method, config.thresholds.fixed_tier == FULL, sorts)
         kind = config.drafter if method != "ar" else "model"

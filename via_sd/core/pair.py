@@ -160,8 +160,10 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
     if Path(source, WEIGHTS_FILE).is_file():  # the embedded cache: GGUF codes, built into any setting
         from transformers import AutoConfig, GenerationConfig
 
-        model = build_model(AutoConfig.from_pretrained(source), Entries.from_cache(source), weights,
-                            exact_top1=exact_top1)
+        from ..weights.built import built_model
+
+        model = built_model(source, weights, {"exact_top1": exact_top1}, lambda: build_model(
+            AutoConfig.from_pretrained(source), Entries.from_cache(source), weights, exact_top1=exact_top1))
         model.generation_config = GenerationConfig.from_pretrained(source)
         return model.to(device).eval()
     if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks

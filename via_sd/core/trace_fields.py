@@ -338,7 +338,7 @@ CANDIDATE = Obj({"pos": CANDIDATES, "token": COUNT, "text": Text(MAX_TOKEN_TEXT)
                  "slim_top": COUNT_OR_NULL, "full_top": COUNT_OR_NULL, "tier": Choice(TIERS, optional=True),
                  "decision": Choice(DECISIONS)}, 4, required=("pos", "decision"), ref="candidate")
 CALL = Obj({"model": Choice(("drafter", "slim", "full")), "rows": ITEMS, "past": ITEMS, "resume": Flag(),
-            "prompt": Flag()}, 4, required=("model", "rows"), ref="call")
+            "prompt": Flag(), "ms": MS}, 4, required=("model", "rows"), ref="call")
 ROUND = Obj({"round": ITEMS, "full_called": Flag(), "slim_called": Flag(), "gamma": LAYERS,
              "calls": Each(CALL, MAX_CANDIDATES), "forced_by": Choice(("max_unverified",), optional=True),
              "candidates": Each(CANDIDATE, MAX_CANDIDATES),

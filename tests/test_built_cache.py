@@ -1,0 +1,101 @@
+"""The built int4 models kept in the cache (via_sd/weights/built.py): a second start opens what the first built, with
+the same outputs and the drafter head's watcher back in place; another key (a changed kernel source) builds anew."""
+
+import json
+
+import pytest
+import torch
+
+from via_sd.weights import built
+from via_sd.weights.built import built_model, built_path
+
+
+def codes_folder(tmp_path, sha="ab" * 32):
+    """A codes folder as the embedded set-up leaves one: config.json, weights.safetensors, READY.json."""
+    from accelerate import init_empty_weights
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    g = torch.Generator().manual_seed(0)
+    tensors = {name: torch.randn(p.shape, generator=g) * 0.05 for name, p in skeleton.named_parameters()}
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    save_file(tensors, str(folder / "weights.safetensors"), metadata={"via_sd": "{}"})
+    config.save_pretrained(str(folder))
+    (folder / "READY.json").write_text(json.dumps({"sha256": sha}))
+    return folder
+
+
+def builder(folder, calls):
+    """build_model of the folder in int4, its head narrowed to 64 tokens and watching its inputs (a FrequentHead,
+    as the embedded drafter's)."""
+    from transformers import AutoConfig
+
+    from via_sd.weights.gguf_pack import Entries, build_model
+    from via_sd.weights.heads import FrequentHead
+
+    def build():
+        calls.append(1)
+        model = build_model(AutoConfig.from_pretrained(str(folder)), Entries.from_cache(folder), "int4",
+                            exact_top1=False)
+        head = FrequentHead(model.get_output_embeddings(), torch.arange(0, 128, 2))
+        model.set_output_embeddings(head)
+        head.watch(model)
+        return model
+    return build
+
+
+def test_a_second_start_opens_the_built_model_with_the_same_outputs_and_its_watcher(tmp_path, monkeypatch):
+    from via_sd.weights.heads import FrequentHead
+
+    monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")  # the kernel's build stays where it is
+    folder, calls = codes_folder(tmp_path), []
+    first = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    second = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    assert len(calls) == 1, "the second start built the model again"
+    assert second is not first and len(list((tmp_path / "cache" / "built" / folder.name).glob("*.pt"))) == 1
+    ids = torch.tensor([[5, 7, 9, 11, 13]])  # odd ids: outside the narrowed head's list, so the watcher must add them
+    with torch.no_grad():
+        a, b = first(ids).logits, second(ids).logits
+    assert torch.equal(a, b)
+    head = second.get_output_embeddings()
+    assert isinstance(head, FrequentHead) and head.active().seen == frozenset({5, 7, 9, 11, 13})
+    assert len(second._forward_pre_hooks) == len(first._forward_pre_hooks) == 1
+
+
+def test_another_kernel_source_or_gguf_is_another_key_and_replaces_the_old_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")  # the kernel's build stays where it is
+    folder, calls = codes_folder(tmp_path), []
+    built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    old = next((tmp_path / "cache" / "built" / folder.name).glob("*.pt"))
+    monkeypatch.setattr(built, "sources_digest", lambda: "a changed lowbit_kernel.cpp")
+    built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    assert len(calls) == 2, "a changed kernel source reused the old build"
+    files = list(old.parent.glob("*.pt"))
+    assert len(files) == 1 and files[0] != old
+    (folder / "READY.json").write_text(json.dumps({"sha256": "cd" * 32}))
+    built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    assert len(calls) == 3, "another GGUF reused the old build"
+
+
+def test_a_damaged_file_is_built_again_and_fp32_is_never_kept(tmp_path, monkeypatch, caplog):
+    from via_sd.weights.built import built_key
+
+    monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")  # the kernel's build stays where it is
+    folder, calls = codes_folder(tmp_path), []
+    built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    path = built_path(folder, built_key(folder, "int4", {"exact_top1": False}))
+    path.write_bytes(path.read_bytes()[:1000])
+    model = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    assert len(calls) == 2 and "did not open" in caplog.text and isinstance(model, torch.nn.Module)
+    sentinel = torch.nn.Linear(2, 2)
+    assert built_model(folder, "fp32", {}, lambda: sentinel) is sentinel
+    assert len(list(path.parent.glob("*.pt"))) == 1
+
+
+if __name__ == "__main__":
+    pytest.main([__file__, "-q"])

@@ -1,0 +1,144 @@
+"""The int4 models as built, kept once per cache: a later start opens them instead of building them again.
+
+Building a model of the embedded pair from its GGUF codes (build.build_model: every tensor re-packed into the
+kernel's tiles, the drafter's head rows selected, q/k/v and gate/up fused) is the same work at every start. The
+first start saves what it built (torch.save of the module tree: exactly the tensors the built layers hold, and the
+modules that hold them); a later start opens that file memory-mapped (torch.load(mmap=True)): nothing is
+converted, and a page of weights is read when a pass first uses it.
+
+A file is keyed by everything that decides its bytes: the GGUF's sha256 (READY.json of the codes folder), the
+weights layer's sources (via_sd/weights/*.py and *.cpp: a kernel whose layout changes is another key), the layout
+in use (the project's kernel or torch's, and torch's block of rows), the drafter's frequency list, torch's and
+transformers' versions, the weights setting and the build's options. A folder keeps one file: another key's goes
+when a new one is written. A file that does not open is built again (and replaced), never trusted.
+
+The file is a pickle written by this cache into it; like the compiled kernel next to it, whoever can write the
+cache can run code in the app.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .paths import cache_root
+
+log = logging.getLogger(__name__)
+FORMAT = 1  # bump when what this module writes changes shape
+SOURCES = Path(__file__).resolve().parent
+TOKEN_FREQ = SOURCES.parents[1] / "assets" / "token_freq"
+
+
+@lru_cache(maxsize=1)
+def sources_digest() -> str:
+    """sha256 of the weights layer's sources (every .py and .cpp under via_sd/weights/) and the token lists."""
+    digest = hashlib.sha256()
+    files = sorted([*SOURCES.glob("*.py"), *SOURCES.glob("*.cpp"), *TOKEN_FREQ.glob("*.json")])
+    for path in files:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _layout() -> str:
+    """The layout new low-bit layers take here: the project's kernel's tiles, or torch's packing (and its block)."""
+    from .linears import _torch_block, use_tiles
+
+    return "tiles" if use_tiles() else f"torch block {_torch_block()}"
+
+
+def built_key(folder: Path, weights: str, options: dict) -> dict | None:
+    """What the built model of the codes folder `folder` depends on; None when the folder names no sha256 (only a
+    verified folder is cached)."""
+    try:
+        ready = json.loads((Path(folder) / "READY.json").read_text())
+        sha256 = ready["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    import transformers
+
+    return {"format": FORMAT, "sha256": sha256, "sources": sources_digest(), "layout": _layout(),
+            "weights": weights, "options": dict(sorted(options.items())), "torch": torch.__version__,
+            "transformers": transformers.__version__}
+
+
+def built_path(folder: Path, key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_root() / "built" / Path(folder).name / f"{digest}.pt"
+
+
+def _detach_watchers(model: nn.Module) -> int:
+    """Removes the drafter head's input watchers (heads.FrequentHead.watch: closures a pickle cannot hold) before
+    saving; returns how many it removed (`_watch` puts them back)."""
+    watchers = [k for k, hook in model._forward_pre_hooks.items()
+                if getattr(hook, "__qualname__", "").startswith("FrequentHead.watch.")]
+    for k in watchers:
+        del model._forward_pre_hooks[k]
+        model._forward_pre_hooks_with_kwargs.pop(k, None)
+    return len(watchers)
+
+
+def _watch(model: nn.Module) -> None:
+    from .heads import FrequentHead
+
+    for module in model.modules():
+        if isinstance(module, FrequentHead):
+            module.watch(model)
+
+
+def _open(path: Path, key: dict) -> nn.Module | None:
+    try:
+        model = torch.load(path, mmap=True, weights_only=False)
+        if not isinstance(model, nn.Module) or getattr(model, "via_sd_built", None) != key:
+            raise ValueError(f"holds a {type(model).__name__} of another key")
+    except Exception as err:  # a truncated or foreign file: build again
+        log.warning("the built model %s did not open (%s): building it again", path, str(err)[:200])
+        return None
+    _watch(model)
+    return model
+
+
+def _save(model: nn.Module, path: Path, key: dict) -> None:
+    """Writes `model` to `path` atomically (a temporary file renamed), removing this folder's files of other keys."""
+    heads, tmp = _detach_watchers(model), None
+    model.via_sd_built = key
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".tmp", dir=path.parent)
+        os.close(fd)
+        torch.save(model, tmp)
+        os.replace(tmp, path)
+    except Exception as err:  # a full or read-only cache, a module a pickle cannot hold: the next start builds again
+        log.warning("could not keep the built model at %s: %s", path, str(err)[:200])
+        return
+    finally:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        if heads:
+            _watch(model)
+    for old in path.parent.glob("*.pt"):
+        if old != path:
+            old.unlink(missing_ok=True)
+
+
+def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module]) -> nn.Module:
+    """The model `build()` makes from the codes folder `folder` in `weights` with `options`: opened from the cache
+    when an earlier start kept it, else built now and kept. Only int4 is kept (fp32 / bf16 would copy the float
+    model to disk, and load as fast from the codes as from there); a folder without READY.json is built always."""
+    key = built_key(Path(folder), weights, options) if weights == "int4" else None
+    if key is None:
+        return build()
+    path = built_path(Path(folder), key)
+    if path.is_file() and (model := _open(path, key)) is not None:
+        return model
+    model = build()
+    _save(model, path, key)
+    return model
