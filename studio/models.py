@@ -24,7 +24,7 @@ from via_sd import PRESETS, DecodeConfig, ModelLoadError, Thresholds, generate, 
 from via_sd.route_search import pick_route
 from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
 from via_sd.core.pair import default_device
-from via_sd.core.profile import profile_for
+from via_sd.core.profile import has_prior, profile_for
 from via_sd.weights import lowbit_kernel
 from via_sd.weights.embedded import EmbeddedModelError, embedded_model_dirs, embedded_ready
 from via_sd.weights.settings import resolve_weights
@@ -102,7 +102,8 @@ def route_choices() -> list[tuple[str, str]]:
 def load_steps(preset: str, warm: bool) -> list:
     """The steps a load of `preset` goes through here, in order (`studio.loading`); what an earlier start left in
     the cache (the unpacked pair, the built kernel) is no step of this one. The random pair has no files,
-    no kernel and no profile worth measuring at load (its first gamma="auto" run measures one); on ZeroGPU
+    no kernel and no profile worth measuring at load (its first gamma="auto" run measures one), a pair with a shipped
+    prior profile measures none before its first run (via_sd.core.profile.profile_at_hand); on ZeroGPU
     (`warm` False) measuring and warming wait for the first run's GPU call."""
     spec = PRESETS[preset]
     random = str(spec["drafter"]).startswith("random:")
@@ -110,7 +111,7 @@ def load_steps(preset: str, warm: bool) -> list:
     if not random and resolve_weights("auto", default_device()) == "int4" and not kernel_built():
         steps.append(KERNEL)
     steps.append(LOAD)
-    if warm and not random:
+    if warm and not random and not has_prior(preset):  # with a shipped prior, runs start at once and correct it
         steps.append(MEASURE)
     return steps + ([WARM] if warm else [])
 

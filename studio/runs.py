@@ -17,6 +17,7 @@ import gradio as gr
 
 import viz.page as page
 from via_sd.core.decoding import stream_events
+from via_sd.core.profile import learn
 from via_sd.bench.fidelity import measure_fidelities
 
 from .gpu import run_seconds, gpu
@@ -143,6 +144,8 @@ def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate
         yield method, True
         if job.is_set():
             break
+    else:  # a whole comparison: its timed passes keep the cost profile honest for the next one
+        learn(pair, [traces[m] for m in methods_of(with_ar) if m in traces])
 
 
 def ending(job, traces: dict) -> tuple[str, str]:

@@ -47,6 +47,7 @@ def embedded_load_replayed(monkeypatch):
     monkeypatch.setattr(models, "resolve_weights", lambda weights, device: "int4")
     monkeypatch.setattr(models, "embedded_ready", lambda: False)  # a first start: nothing in the cache yet
     monkeypatch.setattr(models, "kernel_built", lambda: False)
+    monkeypatch.setattr(models, "has_prior", lambda preset: False)  # a pair with no shipped profile: it measures
     monkeypatch.setattr(models, "embedded_model_dirs", lambda progress: emit(progress, UNPACKING))
     monkeypatch.setattr(models.lowbit_kernel, "module", lambda: seen.append(fresh.status("embedded")))
     monkeypatch.setattr(models, "load_pair", load_pair)
@@ -105,8 +106,10 @@ def test_a_later_start_lists_no_step_the_cache_already_holds(monkeypatch):
     monkeypatch.setattr(models, "resolve_weights", lambda weights, device: "int4")
     monkeypatch.setattr(models, "embedded_ready", lambda: True)
     monkeypatch.setattr(models, "kernel_built", lambda: True)
-    assert models.load_steps("embedded", warm=True) == [LOAD, MEASURE, WARM]
+    assert models.load_steps("embedded", warm=True) == [LOAD, WARM]  # its shipped prior: no measuring before a run
     monkeypatch.setattr(models, "embedded_ready", lambda: False)
+    assert models.load_steps("embedded", warm=True) == [UNPACK, LOAD, WARM]
+    monkeypatch.setattr(models, "has_prior", lambda preset: False)
     assert models.load_steps("embedded", warm=True) == [UNPACK, LOAD, MEASURE, WARM]
 
 

@@ -126,13 +126,12 @@ class ModelPair:
 
     @property
     def costs(self):
-        """The pair's cost profile on this machine (via_sd.cost.model.CostProfile): read from the cache, measured
-        once when missing (via_sd.core.profile; its cost: BENCHMARKS.md)."""
-        if getattr(self, "_costs", None) is None or self._costs.key.get("route") != list(self.route.skip):
-            from .profile import profile_for
+        """The pair's cost profile at hand (via_sd.cost.model.CostProfile, via_sd.core.profile.profile_at_hand):
+        measured on this machine (or corrected from its runs since), else a shipped prior, else measured now (its
+        cost: BENCHMARKS.md)."""
+        from .profile import profile_at_hand
 
-            self._costs = profile_for(self)
-        return self._costs
+        return profile_at_hand(self)
 
     def set_route(self, route) -> None:
         """Switch the slim verifier's route (weights stay shared)."""

@@ -2,6 +2,14 @@
 
     profile_for(pair)                 # from <cache>/profiles/, measured once when missing
     profile_for(pair, refresh=True)   # measure again (python -m via_sd profile --refresh)
+    profile_at_hand(pair)             # what runs price with: never measures when a shipped prior fits
+    learn(pair, traces)               # runs' timed passes correct it when it parts from them (cost/refine.py)
+
+Runs start from the best profile at hand: the one measured on this machine (at set-up, or corrected since), else
+a prior shipped in assets/profiles/ for the pair (measured on another machine, and labelled so), else one measured
+now. Every run's recorded passes are evidence (via_sd.cost.refine): a profile whose predictions part from them by
+more than 10% is corrected from them, kept in the cache, and its `source` says so; a trace's `costs` is the profile
+that priced it, source and all.
 
 Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
 and kernels), after a 200-token context, at 12 row counts (the others interpolated): the median of
@@ -16,17 +24,20 @@ that does not parse, is measured again with a one-line warning, never trusted.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import platform
 import statistics
 import threading
+from pathlib import Path
 
 import torch
 
 from .cached import CachedModel, Clock, drafter_cache
 from ..cost.model import MAX_ROWS, PROMPT_LENGTHS, CostProfile
+from ..cost.refine import Evidence, keep_honest
 from ..weights.paths import cache_root
 from .progressive import ProgressiveVerifier
 
@@ -44,6 +55,9 @@ ANCHOR_REPEATS = 3
 ROWS = (1, 2, 3, 4, 5, 6, 8, 9, 12, 13, 16, 17)
 _lock = threading.Lock()
 _MEASURED: dict = {}  # profile file -> the profile this process holds for it: per-run copies of a pair share it
+_EVIDENCE: dict = {}  # profile file -> the timed passes of the runs priced with it (cost/refine.Evidence)
+MEASURED_HERE = "measured on this machine"
+PRIORS = Path(__file__).resolve().parents[2] / "assets" / "profiles"  # {"preset", "profile": CostProfile dict}
 
 
 def device_name(device) -> str:
@@ -80,31 +94,101 @@ def profile_path(key: dict):
     return cache_root() / "profiles" / f"{digest}.json"
 
 
-def profile_for(pair, refresh: bool = False, progress=None) -> CostProfile:
-    """The pair's profile on this machine: cached, or measured now (and cached)."""
+def _cached(path, key: dict) -> CostProfile | None:
+    """The profile file at `path` when it parses and was measured for `key`; the caller holds the lock."""
+    if not path.exists():
+        return None
+    try:
+        profile = CostProfile.from_dict(json.loads(path.read_text()))
+        if profile.key == key:
+            return dataclasses.replace(profile, source=MEASURED_HERE) if profile.source == "measured" else profile
+        log.warning("cost profile %s was measured for another setting: measuring again", path)
+    except (OSError, ValueError) as err:
+        log.warning("cost profile %s is unreadable (%s): measuring again", path, str(err)[:80])
+    return None
+
+
+def _keep(path, profile: CostProfile) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
+        tmp.replace(path)
+    except OSError as err:  # a read-only cache: measure again next time
+        log.warning("could not cache the cost profile at %s: %s", path, err)
+
+
+def shipped_prior(key: dict) -> CostProfile | None:
+    """A profile shipped for this pair (same models, weights and route), measured on another machine: its
+    `source` says where, and that it was not measured on this one."""
+    fits = ("drafter", "verifier", "weights", "route")
+    for path in sorted(PRIORS.glob("*.json")):
+        try:
+            prior = CostProfile.from_dict(json.loads(path.read_text())["profile"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            log.warning("shipped cost profile %s is unreadable: %s", path.name, err)
+            continue
+        if all(prior.key.get(f) == key.get(f) for f in fits):
+            where = f"{prior.key.get('device_name', 'another machine')}, {prior.key.get('threads', '?')} threads"
+            return dataclasses.replace(prior, key=key, source=f"shipped prior, not measured on this machine ({where})")
+    return None
+
+
+def has_prior(preset: str) -> bool:
+    """Does a shipped prior exist for `preset` (so its load measures nothing)?"""
+    for path in PRIORS.glob("*.json"):
+        try:
+            if json.loads(path.read_text()).get("preset") == preset:
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
+
+
+def profile_for(pair, refresh: bool = False, progress=None, prior: bool = False) -> CostProfile:
+    """The pair's profile on this machine: cached, or measured now (and cached). With `prior`, a shipped prior that
+    fits stands in for a missing measurement (profile_at_hand)."""
     key = profile_key(pair)
     path = profile_path(key)
     with _lock:
-        if not refresh and path in _MEASURED:  # this process measured or read it (a read-only cache too)
-            return _MEASURED[path]
-        if not refresh and path.exists():
-            try:
-                profile = CostProfile.from_dict(json.loads(path.read_text()))
-                if profile.key == key:
-                    _MEASURED[path] = profile
-                    return profile
-                log.warning("cost profile %s was measured for another setting: measuring again", path)
-            except (OSError, ValueError) as err:
-                log.warning("cost profile %s is unreadable (%s): measuring again", path, str(err)[:80])
-        profile = _MEASURED[path] = measure(pair, key, progress)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(profile.to_dict(), indent=1) + "\n")
-            tmp.replace(path)
-        except OSError as err:  # a read-only cache: measure again next time
-            log.warning("could not cache the cost profile at %s: %s", path, err)
+        held = _MEASURED.get(path)
+        if not refresh and held is not None and (prior or not held.source.startswith("shipped prior")):
+            return held  # this process measured, read or corrected it (a read-only cache too)
+        if not refresh and (profile := _cached(path, key)) is not None:
+            _MEASURED[path] = profile
+            return profile
+        if not refresh and prior and (profile := shipped_prior(key)) is not None:
+            _MEASURED[path] = profile
+            return profile
+        profile = _MEASURED[path] = dataclasses.replace(measure(pair, key, progress), source=MEASURED_HERE)
+        _EVIDENCE.pop(path, None)  # a fresh measurement starts its own evidence
+        _keep(path, profile)
         return profile
+
+
+def profile_at_hand(pair) -> CostProfile:
+    """What a run prices with: measured here (or corrected since), else a shipped prior, else measured now."""
+    return profile_for(pair, prior=True)
+
+
+def learn(pair, traces) -> CostProfile:
+    """Feeds the timed passes of `traces` (runs of `pair`, priced with its profile at hand) to that profile's
+    evidence; returns the profile at hand after: corrected (and cached) when it parted from them by more than 10%."""
+    current = profile_at_hand(pair)
+    path = profile_path(profile_key(pair))
+    with _lock:
+        evidence = _EVIDENCE.setdefault(path, Evidence())
+        for trace in traces:
+            rounds = trace["rounds"] if isinstance(trace, dict) else trace.rounds
+            models = (trace.get("models") if isinstance(trace, dict) else trace.models) or {}
+            evidence.add_rounds(rounds, drafter=models.get("drafter_kind", "model") == "model")
+        origin = current.source.split(", corrected from")[0]
+        honest = keep_honest(current, evidence, origin)
+        if honest is not current:
+            log.info("cost profile corrected from runs: %s", honest.source)
+            _MEASURED[path] = honest
+            _keep(path, honest)
+    return honest
 
 
 def _time_ms(clock: Clock, fn, before=None) -> float:

@@ -1,0 +1,80 @@
+"""A cost profile that keeps itself honest (via_sd.core.profile, via_sd.cost.refine): runs start from the best profile
+at hand (a shipped prior when this machine has none, labelled so), every run records its passes' milliseconds and
+which profile priced it, and a profile off by 2x is corrected by the passes of a few runs."""
+
+import dataclasses
+import json
+
+import pytest
+
+from via_sd import DecodeConfig, generate
+from via_sd.core import profile
+from via_sd.core.profile import learn, profile_at_hand, profile_for, profile_key, profile_path
+from via_sd.cost.refine import Evidence
+
+CONFIG = DecodeConfig(max_new_tokens=24, chat=False, gamma=3)
+
+
+@pytest.fixture
+def fresh_cache(tmp_path, monkeypatch):
+    """An empty cache and no profile held by this process, so each test sees only what it makes."""
+    monkeypatch.setenv("VIA_SD_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(profile, "_MEASURED", {})
+    monkeypatch.setattr(profile, "_EVIDENCE", {})
+    return tmp_path
+
+
+def scaled(p, factor: float, source: str):
+    times = lambda values: tuple(v * factor for v in values)  # noqa: E731
+    return dataclasses.replace(p, verify_ms=times(p.verify_ms), slim_ms=times(p.slim_ms),
+                               resume_ms=times(p.resume_ms), draft_ms=times(p.draft_ms),
+                               prompt_ms={m: {n: v * factor for n, v in c.items()} for m, c in p.prompt_ms.items()},
+                               source=source)
+
+
+def test_a_profile_off_by_2x_is_corrected_by_the_passes_of_a_few_runs(tiny_pair, fresh_cache):
+    true = profile_for(tiny_pair)  # measured here, now
+    path = profile_path(profile_key(tiny_pair))
+    profile._MEASURED[path] = scaled(true, 2.0, "off by 2x")  # what a stale profile of a drifted machine would say
+    runs = []
+    for seed in range(3):
+        config = dataclasses.replace(CONFIG, seed=seed)
+        batch = [generate(tiny_pair, f"a prompt {seed}", m, config) for m in ("ar", "sd", "via")]
+        assert all("ms" in c for t in batch for r in t.rounds for c in r["calls"]), "a forward without its time"
+        assert all(t.costs["source"] == profile_at_hand(tiny_pair).source for t in batch)
+        runs.append(batch)
+        learn(tiny_pair, batch)
+    evidence = Evidence()
+    for batch in runs:
+        for t in batch:
+            evidence.add_rounds(t.rounds)
+    assert evidence.off(scaled(true, 2.0, "off by 2x")), "the 2x profile looked honest"
+    corrected = profile_at_hand(tiny_pair)
+    assert corrected.source.startswith("off by 2x, corrected from the passes of")
+    assert not evidence.off(corrected), f"still off: {evidence.error(corrected)}"
+    for curve, (ratio, n) in evidence.error(corrected).items():
+        assert abs(ratio - 1) <= 0.10, f"{curve}: predicted / measured {ratio:.2f} over {n} passes"
+    assert 0.6 < corrected.verify(1) / true.verify(1) < 1.6  # back near what this machine measured, not 2x
+    assert json.loads(path.read_text())["source"] == corrected.source  # the next start begins from it
+
+
+def test_a_run_records_which_profile_priced_it_and_a_prior_spares_the_measurement(tiny_pair, fresh_cache,
+                                                                                  monkeypatch):
+    from studio.costs import panel
+
+    key = profile_key(tiny_pair)
+    stand_in = profile_for(tiny_pair)  # numbers for the prior: as if measured on another machine
+    priors = fresh_cache / "priors"
+    priors.mkdir()
+    (priors / "tiny.json").write_text(json.dumps({"preset": "random", "profile": {
+        **scaled(stand_in, 1.3, "measured").to_dict(), "key": {**key, "device_name": "another CPU", "threads": 64}}}))
+    monkeypatch.setattr(profile, "PRIORS", priors)
+    monkeypatch.setattr(profile, "_MEASURED", {})
+    profile_path(key).unlink()
+    monkeypatch.setattr(profile, "measure", lambda *a, **k: pytest.fail("measured although a prior fits"))
+    assert profile.has_prior("random") and not profile.has_prior("embedded-elsewhere")
+    trace = generate(tiny_pair, "hello there", "sd", CONFIG)
+    source = trace.costs["source"]
+    assert source == "shipped prior, not measured on this machine (another CPU, 64 threads)"
+    assert trace.to_dict()["costs"]["source"] == source  # kept with the run, in its download too
+    assert source in panel({"sd": trace, "preset": "random"})  # and the page says it
