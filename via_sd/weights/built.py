@@ -115,6 +115,7 @@ def _save(model: nn.Module, path: Path, key: dict) -> None:
         fd, tmp = tempfile.mkstemp(prefix=".building-", suffix=".tmp", dir=path.parent)
         os.close(fd)
         torch.save(model, tmp)
+        os.chmod(tmp, 0o644)  # as the cache's other files (mkstemp's are the owner's alone)
         os.replace(tmp, path)
     except Exception as err:  # a full or read-only cache, a module a pickle cannot hold: the next start builds again
         log.warning("could not keep the built model at %s: %s", path, str(err)[:200])
