@@ -245,6 +245,7 @@ class Tools:
         except BaseException as err:
             run.status = "error"
             if isinstance(err, anyio.get_cancelled_exc_class()):  # the client cancelled the request: stop the run
+                run.status = "cancelled"
                 with anyio.CancelScope(shield=True):
                     await anyio.to_thread.run_sync(self.stop_run, run)
             raise

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -144,13 +145,14 @@ def test_bench_streams_its_progress_and_leaves_the_runs_out_unless_asked(mcp_url
     async def exchange():
         async with connect(mcp_url) as session:
             return await session.call_tool("bench", {"prompts": ["Count to five.", "Name a color."], "methods": ["sd"],
-                                                     "repeats": 1, "warmup": 0, "max_new_tokens": 4,
+                                                     "repeats": 2, "warmup": 0, "max_new_tokens": 16,
                                                      "fidelity": False}, progress_callback=heard)
 
     result = loads(run(exchange()))
     assert (result["schema"], result["status"]) == ("via-sd-bench/1", "done") and "runs" not in result
-    assert result["summary"]["sd"]["all"]["runs"] == 2
-    assert any(m and m.startswith("repeat 1/1") for m in said), said
+    assert result["summary"]["sd"]["all"]["runs"] == 4
+    # Gradio sends only the latest progress line at intervals: of four runs' lines, some arrive
+    assert any(m and m.startswith("repeat ") for m in said), said
 
 
 def test_sweep_answers_its_points_and_front_and_refuses_a_bad_grid_by_name(mcp_url):
@@ -166,3 +168,34 @@ def test_sweep_answers_its_points_and_front_and_refuses_a_bad_grid_by_name(mcp_u
     assert [(p["accept"], p["escalate"]) for p in swept["points"]] == [(0.5, 0.1), (0.9, 0.1)]
     assert swept["frontier"] and all(p["pareto"] for p in swept["frontier"])
     assert bad.isError and "accepts must be a number from 0 to 1" in bad.content[0].text
+
+
+def test_a_call_the_client_cancels_stops_its_run(mcp_url):
+    from mcp import types
+
+    async def exchange():
+        async with connect(mcp_url) as session:
+            short = {"prompt": PROMPT, "max_new_tokens": 4, "with_ar": False}
+            loads(await session.call_tool("compare", short))  # the pair loaded and warm
+            started = time.perf_counter()
+            loads(await session.call_tool("compare", short))
+            alone = time.perf_counter() - started
+            call = asyncio.create_task(session.call_tool("compare", LONG))
+            await asyncio.sleep(0.2)
+            request_id = session._request_id - 1  # the id the client gave it (it numbers its requests in order)
+            (ours,) = await running(session)
+            await session.send_notification(types.ClientNotification(types.CancelledNotification(
+                params=types.CancelledNotificationParams(requestId=request_id, reason="the agent moved on"))))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(call, 5)
+            started = time.perf_counter()
+            after = loads(await session.call_tool("compare", short))
+            waited = time.perf_counter() - started
+            listed = {r["run_id"]: r["status"] for r in loads(await session.call_tool("runs", {}))}
+            return ours, after, alone, waited, listed
+
+    ours, after, alone, waited, listed = run(exchange())
+    assert listed[ours["run_id"]] == "cancelled" and after["status"] == "done"
+    # one piece of model work at a time: had the cancelled run gone on (4,000 tokens), the same short call would
+    # have waited for it, hundreds of times its own length
+    assert waited < max(4 * alone, 8), f"the next call waited {waited:.1f} s (alone: {alone:.1f} s)"
