@@ -19,12 +19,13 @@ def run_key(run) -> tuple:
 
 
 def paired_ratios(runs: list[dict], method: str, baseline: str, label: str = "method") -> list[dict]:
-    """tokens/s of `method` over `baseline` for each (prompt, repeat) both ran."""
+    """tokens/s of `method` over `baseline` for each (prompt, repeat) both ran on one machine (runs from a cluster
+    record theirs: a ratio never divides speeds measured on different machines)."""
     base = {run_key(r): r for r in runs if r[label] == baseline}
     out = []
     for r in runs:
         b = base.get(run_key(r))
-        if r[label] == method and b is not None and b["tokens_per_s"] > 0:
+        if r[label] == method and b is not None and b["tokens_per_s"] > 0 and r.get("machine") == b.get("machine"):
             out.append({"prompt_index": r["prompt_index"], "repeat": r["repeat"],
                         "ratio": r["tokens_per_s"] / b["tokens_per_s"]})
     return out

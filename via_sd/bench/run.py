@@ -25,16 +25,20 @@ OUR_METHODS = BENCH_METHODS  # the default: every method of ours
 BENCH_METHODS += LLAMA_METHODS  # llama-ar, ...: the optional llama.cpp peer (llama_peer.py), never by default
 
 
-def machine_info(pair) -> dict:
+def cpu_model() -> str:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
+    return cpu
+
+
+def machine_info(pair) -> dict:
     import transformers
 
-    info = {"platform": platform.platform(), "cpu": cpu, "cpu_count": os.cpu_count(),
+    info = {"platform": platform.platform(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "device": str(pair.slim.device), "dtype": str(pair.dtype).replace("torch.", ""),
@@ -92,12 +96,23 @@ def score_runs(pair, runs: list[dict], prompts: list[dict], config: DecodeConfig
     """Adds full-verifier fidelity to every run, and identity / log-prob difference against the
     `reference` run of the same prompt and repeat. One forward per distinct output (greedy repeats agree)."""
     prompt_ids = [pair.encode(p["prompt"], chat=config.chat) for p in prompts]
-    distinct = sorted({(r["prompt_index"], tuple(r["token_ids"])) for r in runs}, key=lambda k: (k[0], len(k[1])))
+    distinct = distinct_outputs(runs)
     scores = {}
     for n, key in enumerate(distinct):
         if progress:
             progress(f"fidelity {n + 1}/{len(distinct)}", n / len(distinct))
         scores[key] = score_output(pair, prompt_ids[key[0]], list(key[1]))
+    apply_scores(runs, scores, label, reference)
+
+
+def distinct_outputs(runs: list[dict]) -> list[tuple]:
+    """(prompt index, token ids) of every distinct output among `runs`, shortest first per prompt."""
+    return sorted({(r["prompt_index"], tuple(r["token_ids"])) for r in runs}, key=lambda k: (k[0], len(k[1])))
+
+
+def apply_scores(runs: list[dict], scores: dict, label: str = "method", reference: str | None = "ar") -> None:
+    """Writes each run's fidelity (`scores`: {(prompt index, token ids): score_output's dict}) and its identity /
+    log-prob difference against the `reference` run of the same prompt and repeat."""
     for r in runs:
         f = scores[(r["prompt_index"], tuple(r["token_ids"]))]
         r.update({"agreement": f["agreement"], "agreeing": f["agreeing"], "scored_tokens": f["tokens"],
@@ -146,10 +161,8 @@ def run_bench(pair, prompts, methods=OUR_METHODS, config: DecodeConfig | None = 
         raise ValueError("repeats must be at least 1")
     report = progress or (lambda message, fraction: None)
     machine = machine_info(pair)
-    warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
     for w in range(warmup):  # first calls pay for allocation and lazy initialisation
-        for method in methods:
-            run_once(pair, prompts[0]["prompt"], method, warm_cfg)
+        warm_up(pair, prompts[0]["prompt"], methods, config)
         report(f"warm-up {w + 1}/{warmup} done", 0.0)
     runs, total, order = [], repeats * len(prompts) * len(methods), 0
     for rep in range(repeats):
@@ -164,9 +177,22 @@ def run_bench(pair, prompts, methods=OUR_METHODS, config: DecodeConfig | None = 
                        f"{record['tokens_per_s']:.2f} tokens/s", order / total)
     if fidelity:
         score_runs(pair, runs, prompts, config, progress=report, reference="ar" if "ar" in methods else None)
+    return bench_result(machine, pair.describe(), config, methods, skipped, repeats, warmup, prompts, runs)
+
+
+def warm_up(pair, prompt: str, methods: list[str], config: DecodeConfig) -> None:
+    """One short run of every method: first calls pay for allocation and lazy initialisation."""
+    warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
+    for method in methods:
+        run_once(pair, prompt, method, warm_cfg)
+
+
+def bench_result(machine: dict, models: dict, config: DecodeConfig, methods: list[str], skipped: dict, repeats: int,
+                 warmup: int, prompts: list[dict], runs: list[dict]) -> dict:
+    """The bench's result dict from its measured (and scored) runs, summarized."""
     result = {
         "schema": SCHEMA, "kind": "bench", "machine": {**machine, "load_average_at_end": list(os.getloadavg())},
-        "models": pair.describe(),
+        "models": models,
         "config": config.to_dict(), "methods": methods, "skipped_methods": skipped, "repeats": repeats,
         "warmup": warmup,
         "tokens_per_s_counts": "new tokens / wall time of the whole call (encoding and prefill included)",

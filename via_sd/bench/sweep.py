@@ -57,27 +57,40 @@ def _point_meta(pair, original, settings: list[tuple]) -> list[dict]:
     return meta
 
 
+def warm_up_sweep(pair, original, prompt: str, config: DecodeConfig, settings: list[tuple]) -> None:
+    """One short plain-SD run and one of the first grid point."""
+    run_once(pair, prompt, "sd", replace(config, max_new_tokens=min(config.max_new_tokens, 16)))
+    _use_route(pair, original, settings[0][0])
+    run_once(pair, prompt, "via", replace(_via_config(config, settings[0]), max_new_tokens=16))
+
+
+def sweep_labels(settings: list[tuple]) -> list[str]:
+    """What a sweep measures on every prompt and repeat: plain SD, then each grid point."""
+    return ["sd"] + [f"point{k}" for k in range(len(settings))]
+
+
+def run_label(pair, original, prompt: str, label: str, config: DecodeConfig, settings: list[tuple]) -> dict:
+    """One timed run of a sweep: plain SD ("sd") or grid point k ("point<k>") on its route."""
+    if label == "sd":
+        return run_once(pair, prompt, "sd", config)[0]
+    setting = settings[int(label[5:])]
+    _use_route(pair, original, setting[0])
+    return run_once(pair, prompt, "via", _via_config(config, setting))[0]
+
+
 def _measure(pair, original, prompts: list[dict], config: DecodeConfig, settings: list[tuple], repeats: int,
              warmup: int, report, stop) -> tuple[list[dict], bool]:
     """Plain SD and every grid point on every prompt, interleaved (rotated per prompt and repeat): (runs, stopped)."""
-    warm_cfg = replace(config, max_new_tokens=min(config.max_new_tokens, 16))
     for _ in range(warmup):
-        run_once(pair, prompts[0]["prompt"], "sd", warm_cfg)
-        _use_route(pair, original, settings[0][0])
-        run_once(pair, prompts[0]["prompt"], "via", replace(_via_config(config, settings[0]), max_new_tokens=16))
-    labels = ["sd"] + [f"point{k}" for k in range(len(settings))]
+        warm_up_sweep(pair, original, prompts[0]["prompt"], config, settings)
+    labels = sweep_labels(settings)
     total, runs = repeats * len(prompts) * len(labels), []
     for rep, i, label in ((rep, i, label) for rep in range(repeats) for i in range(len(prompts))
                           for label in rotated(labels, rep * len(prompts) + i)):
         if stop is not None and stop.is_set():
             break
         p = prompts[i]
-        if label == "sd":
-            record, _ = run_once(pair, p["prompt"], "sd", config)
-        else:
-            setting = settings[int(label[5:])]
-            _use_route(pair, original, setting[0])
-            record, _ = run_once(pair, p["prompt"], "via", _via_config(config, setting))
+        record = run_label(pair, original, p["prompt"], label, config, settings)
         record.update(label=label, prompt_index=i, task=p["task"], repeat=rep, order=len(runs))
         runs.append(record)
         report(f"sweep {len(runs)}/{total}: {label} on prompt {i + 1}: {record['tokens_per_s']:.2f} tokens/s",
@@ -132,6 +145,12 @@ def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.
                 "best": None, "runs": runs}
     # SD's greedy output is the full model's own, so it is the fidelity reference
     score_runs(pair, runs, prompts, config, progress=report, label="label", reference="sd")
+    return sweep_result(machine, pair.describe(), config, prompts, points_meta, runs, repeats, warmup, stopped)
+
+
+def sweep_result(machine: dict, models: dict, config: DecodeConfig, prompts: list[dict], points_meta: list[dict],
+                 runs: list[dict], repeats: int, warmup: int, stopped: bool) -> dict:
+    """The sweep's result dict from its measured and scored runs: points, frontier and the best point."""
     sd = metrics([r for r in runs if r["label"] == "sd"], runs, label="label", ar=None, sd="sd", reference="sd")
     points = _points(runs, points_meta)
     front = pareto(points)
@@ -142,7 +161,7 @@ def run_sweep(pair, prompts, config: DecodeConfig | None = None, accept=(0.5, 0.
     best = max(good, key=lambda p: p["speedup"]) if good else None
     return {
         "schema": SCHEMA, "kind": "sweep", "machine": {**machine, "load_average_at_end": list(os.getloadavg())},
-        "models": pair.describe(),
+        "models": models,
         "config": config.to_dict(), "repeats": repeats, "warmup": warmup, "baseline": "sd",
         "speedup_is": "median paired tokens/s ratio VIA-SD / plain SD (same prompt, same repeat)",
         "fidelity_is": "full-model top-1 agreement on the emitted tokens (teacher-forced)",

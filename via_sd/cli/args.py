@@ -68,17 +68,21 @@ def pair_from_args(args, weights: str | None = None):
     from ..core.pair import no_route_message
     from ..route_search.resolve import pick_route
 
-    model = None if drafter_kind(args) else args.drafter  # --drafter names who drafts, or the drafter model
-    preset = args.preset or (None if model or args.verifier else "embedded")
     with warnings.catch_warnings():  # said once below, after a route searched earlier was looked for
         warnings.simplefilter("ignore", NoRouteWarning)
-        pair = load_pair(preset, drafter=model, verifier=args.verifier, route=parse_route(args.route),
-                         device=args.device, weights=weights or getattr(args, "weights", "auto"),
-                         progress=print_progress)
+        pair = load_pair(**pair_spec(args, weights), progress=print_progress)
     pick_route(pair, progress=print_progress)
     if pair.route.meta.get("missing"):
         print(f"warning: {no_route_message(pair.drafter_name, pair.verifier_name)}", file=sys.stderr, flush=True)
     return pair
+
+
+def pair_spec(args, weights: str | None = None) -> dict:
+    """load_pair's arguments for the pair the flags name (a cluster's workers each load it from these)."""
+    model = None if drafter_kind(args) else args.drafter  # --drafter names who drafts, or the drafter model
+    preset = args.preset or (None if model or args.verifier else "embedded")
+    return {"preset": preset, "drafter": model, "verifier": args.verifier, "route": parse_route(args.route),
+            "device": args.device, "weights": weights or getattr(args, "weights", "auto")}
 
 
 def drafter_kind(args) -> str | None:

@@ -8,9 +8,11 @@ import time
 from pathlib import Path
 
 from ..bench import DEFAULT_PROMPTS, load_prompts, markdown, markdown_sweep, parse_grid, project, run_bench, run_sweep
+from ..bench.jobs import write_json
 from ..bench.run import without_missing_peers
 from .args import (add_decode_arguments, add_pair_arguments, config_from_args, pair_from_args, parse_route,
                    print_progress)
+from .cluster import add_cluster_arguments, cluster_bench
 
 
 def add_parser(sub) -> None:
@@ -33,6 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--json", help="write every run and the summary to this file, before any table is formatted "
                    "(default: bench-<date>-<time>.json here)")
     p.add_argument("--markdown", help="also write the markdown table to this file")
+    add_cluster_arguments(p)
     p.set_defaults(run=cmd_bench)
 
 
@@ -42,6 +45,8 @@ def cmd_bench(args) -> int:
     costs = None
     if args.gpu_costs:
         costs = json.loads(Path(args.gpu_costs).read_text())
+    if args.cluster:  # the same runs spread over a Ray cluster (cli/cluster.py): Ray is imported only then
+        return cluster_bench(args, prompts, config, sweep_grid(args, config), _report)
     if "," in getattr(args, "weights", "auto"):  # weights settings side by side (via_sd/bench/weights.py)
         return _bench_weights(args, prompts, config)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -50,13 +55,8 @@ def cmd_bench(args) -> int:
     pair = pair_from_args(args)
     started = time.time()
     if args.sweep or args.routes:
-        grid = parse_grid(args.sweep) if args.sweep else {}
-        th = config.thresholds
-        signals = args.signals.split(",") if args.signals else (["slim", "draft"] if args.sweep else [th.signal])
-        result = run_sweep(pair, prompts, config, accept=grid.get("accept", [th.accept]),
-                           escalate=grid.get("escalate", [th.escalate]), signals=signals,
-                           routes=[parse_route(r) for r in args.routes] if args.routes else None,
-                           repeats=args.repeats, warmup=args.warmup, progress=print_progress)
+        result = run_sweep(pair, prompts, config, **sweep_grid(args, config), repeats=args.repeats,
+                           warmup=args.warmup, progress=print_progress)
     else:
         result = run_bench(pair, prompts, methods=methods,
                            config=config, repeats=args.repeats, warmup=args.warmup, fidelity=not args.no_fidelity,
@@ -66,12 +66,23 @@ def cmd_bench(args) -> int:
     return _report(args, result, started, markdown_sweep if args.sweep or args.routes else markdown)
 
 
+def sweep_grid(args, config) -> dict | None:
+    """run_sweep's grid arguments from --sweep, --signals and --routes (None: no sweep asked for)."""
+    if not (args.sweep or args.routes):
+        return None
+    grid = parse_grid(args.sweep) if args.sweep else {}
+    th = config.thresholds
+    signals = args.signals.split(",") if args.signals else (["slim", "draft"] if args.sweep else [th.signal])
+    return {"accept": grid.get("accept", [th.accept]), "escalate": grid.get("escalate", [th.escalate]),
+            "signals": signals, "routes": [parse_route(r) for r in args.routes] if args.routes else None}
+
+
 def _report(args, result: dict, started: float, formatter) -> int:
     """Writes every measured run as JSON first, then formats the tables: a report that fails loses no run."""
     result["elapsed_s"] = time.time() - started
     result["command"] = "python -m via_sd " + " ".join(sys.argv[1:])
     path = args.json or f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"  # never only in memory
-    Path(path).write_text(json.dumps(result, indent=1, ensure_ascii=False), encoding="utf-8")
+    write_json(Path(path), result)  # atomically: a crash mid-write keeps the file as it was
     print(f"results written to {path}", file=sys.stderr)
     try:
         text = formatter(result)
