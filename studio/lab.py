@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import gradio as gr
@@ -156,9 +157,9 @@ def measure_sweep(prompt, preset, gamma, signal, temperature, max_new_tokens, se
         config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed)
         preset, route = name("preset", preset), check_route(route)
         pair = MODELS.view(MODELS.wait(preset, progress), preset, route)
-        result = run_sweep(pair, [{"task": "app", "prompt": prompt}], config, accept=accept_values,
-                           escalate=escalate_values, signals=[config.thresholds.signal], repeats=1, warmup=1,
-                           progress=lambda message, fraction: progress(fraction, desc=message), stop=job)
+        result = _sweep(pair, preset, [{"task": "app", "prompt": prompt}], config, accept=accept_values,
+                        escalate=escalate_values, signals=[config.thresholds.signal], repeats=1, warmup=1,
+                        progress=lambda message, fraction: progress(fraction, desc=message), stop=job)
         if result["sd"] is None:
             return gr.skip(), page.status_html("Sweep stopped before plain SD was measured: nothing to show.", "stop")
         points = result["points"] + [{**result["sd"], "label": "plain SD"}]
@@ -177,6 +178,21 @@ def measure_sweep(prompt, preset, gamma, signal, temperature, max_new_tokens, se
     except Exception as err:
         log.exception("sweep failed")
         return None, page.status_html(f"Sweep failed: {type(err).__name__}: {err}", "error")
+
+
+def _sweep(pair, preset: str, prompts, config, **options) -> dict:
+    """run_sweep here, or on the Ray cluster VIA_SD_CLUSTER names ("auto" or an address; docs/cluster.md), whose
+    workers load the preset with this pair's route."""
+    address = os.environ.get("VIA_SD_CLUSTER")
+    if not address:
+        return run_sweep(pair, prompts, config, **options)
+    from via_sd.bench.cluster import Cluster, ray_missing
+    from via_sd.bench.spread import run_cluster_sweep
+
+    if ray_missing():
+        raise RuntimeError("VIA_SD_CLUSTER is set, but Ray is not installed: pip install -r requirements-cluster.txt")
+    with Cluster({"preset": preset, "route": list(pair.route.skip) or "none"}, address) as cluster:
+        return run_cluster_sweep(cluster, prompts, config, **options)
 
 
 # ---- a better route for a pair that runs a provisional one ----------------------------------------

@@ -56,7 +56,8 @@ def workers_per_node(resources: dict, pair_mb: float) -> tuple[int, int]:
     cpus, gpus = int(resources.get("CPU", 0)), int(resources.get("GPU", 0))
     if gpus:
         return gpus, max(cpus // gpus, 1)
-    fit = int(resources.get("memory", 0) / 2**20 // pair_mb) if pair_mb > 0 else cpus
+    memory = resources.get("memory")  # what Ray lets tasks use on the node (bytes), when it says
+    fit = int(memory / 2**20 // pair_mb) if memory is not None and pair_mb > 0 else cpus
     n = min(cpus, fit)
     return n, max(cpus // n, 1) if n else 0
 
