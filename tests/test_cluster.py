@@ -91,6 +91,21 @@ def test_the_sweep_on_the_cluster_gives_the_local_runs_and_outputs(cluster, pair
         [(p["accept"], p["escalate"], p["fidelity"]) for p in local["points"]]
 
 
+def test_resume_without_a_cluster_streams_and_skips_what_the_json_holds(pair, tmp_path):
+    from via_sd.bench.spread import run_cluster_bench
+    from via_sd.bench.worker import InProcess
+
+    path, local = tmp_path / "b.json", run_bench(pair, PROMPTS[:2], METHODS, CFG, repeats=1)
+    first = run_cluster_bench(InProcess({"preset": "random"}), PROMPTS[:2], METHODS, CFG, repeats=1, json_path=path)
+    assert {key(r): r["token_ids"] for r in first["runs"]} == {key(r): r["token_ids"] for r in local["runs"]}
+    assert [r["method"] for r in first["runs"]] == [r["method"] for r in local["runs"]]  # the same order
+    said, workers = [], InProcess({"preset": "random"})
+    again = run_cluster_bench(workers, PROMPTS[:2], METHODS, CFG, repeats=1, json_path=path,
+                              progress=lambda message, fraction: said.append(message))
+    assert any("nothing to run" in m for m in said) and workers.workers == []  # not even the pair loaded
+    assert again["runs"] == json.loads(json.dumps(first["runs"]))
+
+
 def test_a_ratio_never_divides_speeds_from_two_machines():
     from via_sd.bench.metrics import paired_ratios
 
@@ -147,7 +162,8 @@ def test_a_killed_worker_loses_nothing_and_a_rerun_runs_nothing_twice(cluster, t
 
     result = run_cluster_sweep(cluster, PROMPTS, CFG, **GRID, repeats=2, json_path=path, progress=kill_a_worker)
     labels = 1 + len(result["points"])
-    assert killed and cluster.lost == ["w1"] and result["cluster"]["jobs_run_again"] >= 1
+    assert killed and cluster.lost == ["w1"] and result["cluster"]["lost_workers"] == ["w1"]
+    assert result["cluster"]["jobs_run_again"] >= 1
     keys = [key(r, "label") for r in result["runs"]]
     assert len(keys) == len(set(keys)) == labels * len(PROMPTS) * 2  # every run once
     assert [key(r, "label") for r in json.loads(path.read_text())["runs"]] == keys

@@ -14,7 +14,7 @@ import sys
 from collections import deque
 from pathlib import Path
 
-from .worker import PairWorker
+from .worker import PairWorker, ask
 
 INSTALL = "pip install -r requirements-cluster.txt"
 ROOT = Path(__file__).resolve().parents[2]
@@ -131,8 +131,8 @@ class Cluster:
                                f"{READY_TIMEOUT_S} s (no node has room, or the pair does not load there)")
         return ray.get(refs)
 
-    def map(self, jobs: list, call, on_result, stop=None) -> bool:
-        """Runs every job (`call(worker handle, job)` gives its Ray reference) on the live workers, each result to
+    def map(self, jobs: list, method: str, args_of, on_result, stop=None) -> bool:
+        """Calls the workers' `method(*args_of(job))` for every job, on the live workers, each result to
         `on_result(worker, job, result)` as it arrives. A job whose worker died runs again on another. Returns
         True when `stop` (anything with is_set()) ended it early."""
         if not jobs:
@@ -140,14 +140,17 @@ class Cluster:
         import ray
         from ray.exceptions import RayActorError, WorkerCrashedError
 
-        live, queue, flight = list(self.start()), deque(range(len(jobs))), {}
+        live = [w for w in self.start() if w.name not in self.lost]
+        queue, flight = deque(range(len(jobs))), {}
         while queue or flight:
             if stop is not None and stop.is_set():
+                for ref in flight:  # queued groups never start; a running one ends where Ray can stop it
+                    ray.cancel(ref)
                 return True
             for w in live:  # top every live worker up to IN_FLIGHT jobs
                 while queue and sum(f[0] is w for f in flight.values()) < IN_FLIGHT:
                     k = queue.popleft()
-                    flight[call(w.handle, jobs[k])] = (w, k)
+                    flight[getattr(w.handle, method).remote(*args_of(jobs[k]))] = (w, k)
             if not live:
                 raise RuntimeError(f"every cluster worker died ({', '.join(self.lost)}); "
                                    f"{len(queue)} job(s) left: run the same command again to resume")
@@ -170,9 +173,7 @@ class Cluster:
 
     def ask(self, method: str, *args):
         """One call on a worker (the first that answers), e.g. `ask("point_meta", settings)`."""
-        out = []
-        self.map([args], lambda handle, job: getattr(handle, method).remote(*job), lambda w, job, r: out.append(r))
-        return out[0]
+        return ask(self, method, *args)
 
     def summary(self) -> dict:
         return {"where": self.where, "workers": {w.name: {"node": w.node, "threads": w.info.get("threads"),

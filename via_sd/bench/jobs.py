@@ -101,7 +101,7 @@ class ProgressLine:
         rates = {w: n / elapsed for w, n in self.by_worker.items()}
         left = (self.total - self.done) / sum(rates.values())
         each = ", ".join(f"{w} {r * 60:.1f}/min" for w, r in sorted(rates.items()))
-        self.report(f"cluster: {self.done}/{self.total} runs, {len(rates)} worker(s) ({each}), "
+        self.report(f"{self.done}/{self.total} runs, {len(rates)} worker(s) ({each}), "
                     f"about {_duration(left)} left", self.done / self.total)
 
 

@@ -1,6 +1,6 @@
-"""The bench and the threshold sweep spread over a cluster's workers (cluster.py): the local bench's groups of
-paired runs, each group on one worker, streamed into the bench JSON as they finish and resumed from it; the
-fidelity pass shared out too; the result summarized as the local bench's is.
+"""The bench and the threshold sweep spread over a cluster's workers (cluster.py; or worker.InProcess, this
+process alone): the local bench's groups of paired runs, each group on one worker, streamed into the bench JSON
+as they finish and resumed from it; the fidelity pass shared out too; the result summarized as run_bench's is.
 
     with Cluster({"preset": "embedded"}, "auto") as cluster:
         result = run_cluster_bench(cluster, prompts, ["ar", "sd", "via"], config, repeats=2, json_path="b.json")
@@ -35,10 +35,10 @@ def _measure(cluster, log: RunLog, job: dict, report, stop) -> bool:
         cluster.start()  # before the clock of the progress line starts: rates count measuring, not loading
     line = ProgressLine(len(groups) * per, (len(groups) - len(todo)) * per, report)
     if not todo:
-        report(f"cluster: all {len(groups) * per} runs are in {log.path} already: nothing to run", 1.0)
+        report(f"all {len(groups) * per} runs are in {log.path} already: nothing to run", 1.0)
         return False
     if done:
-        report(f"cluster: resuming {log.path}: {len(done) * per} runs done, {len(todo) * per} to go", 0.0)
+        report(f"resuming {log.path}: {len(done) * per} runs done, {len(todo) * per} to go", 0.0)
 
     def finished(worker, group, runs):
         if "machine" not in log.meta:  # what the report's header names; each run records its own machine
@@ -47,7 +47,7 @@ def _measure(cluster, log: RunLog, job: dict, report, stop) -> bool:
         line.ran(worker.name, len(runs))
 
     job = {**job, "id": hashlib.sha1(json.dumps(plan, sort_keys=True).encode()).hexdigest()[:12]}
-    return cluster.map(todo, lambda handle, group: handle.run_group.remote(job, group), finished, stop)
+    return cluster.map(todo, "run_group", lambda group: (job, group), finished, stop)
 
 
 def _score(cluster, runs: list[dict], prompts: list[dict], config: DecodeConfig, label: str, reference, report):
@@ -61,12 +61,12 @@ def _score(cluster, runs: list[dict], prompts: list[dict], config: DecodeConfig,
     todo = [k for k in distinct_outputs(runs) if k not in scores]
     jobs = [(i, [list(ids) for p, ids in todo if p == i]) for i in sorted({p for p, _ in todo})]
     if jobs:
-        report(f"cluster: fidelity of {len(todo)} distinct output(s) on the workers", 1.0)
+        report(f"fidelity of {len(todo)} distinct output(s) on the workers", 1.0)
 
     def scored(worker, job, results):
         scores.update({(job[0], tuple(ids)): s for ids, s in zip(job[1], results)})
 
-    cluster.map(jobs, lambda handle, job: handle.score.remote(prompts[job[0]]["prompt"], config.chat, job[1]), scored)
+    cluster.map(jobs, "score", lambda job: (prompts[job[0]]["prompt"], config.chat, job[1]), scored)
     apply_scores(runs, scores, label, reference)
 
 

@@ -1,9 +1,10 @@
 """One worker of a cluster bench: a pair loaded once that runs many groups of paired runs and scores outputs.
-Plain Python (cluster.py makes it a Ray actor); every run is the local bench's own `run_once`."""
+Plain Python (cluster.py makes it a Ray actor; InProcess runs one here); every run is the local bench's `run_once`."""
 
 from __future__ import annotations
 
 import socket
+from types import SimpleNamespace
 
 import torch
 
@@ -97,3 +98,49 @@ class PairWorker:
         """Full-verifier fidelity of each output of one prompt (bench/fidelity.py)."""
         prompt_ids = self.pair.encode(prompt, chat=chat)
         return [score_output(self.pair, prompt_ids, list(ids)) for ids in outputs]
+
+
+def ask(cluster, method: str, *args):
+    """One call on one of the cluster's workers, e.g. `ask(cluster, "point_meta", settings)`."""
+    out = []
+    cluster.map([args], method, lambda job: job, lambda worker, job, result: out.append(result))
+    return out[0]
+
+
+class InProcess:
+    """A cluster of one, without Ray: one PairWorker in this process, its jobs in turn. The local bench with the
+    cluster's streamed JSON and resume (`python -m via_sd bench ... --resume`)."""
+
+    def __init__(self, spec: dict):
+        self.spec, self.workers, self.lost, self.retried = spec, [], [], 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.workers = []
+
+    def start(self) -> list:
+        if not self.workers:
+            worker = PairWorker(self.spec, "local")
+            self.workers = [SimpleNamespace(handle=worker, name="local", node=socket.gethostname(),
+                                            info=worker.info())]
+        return self.workers
+
+    def map(self, jobs: list, method: str, args_of, on_result, stop=None) -> bool:
+        for job in jobs:
+            if stop is not None and stop.is_set():
+                return True
+            worker = self.start()[0]
+            on_result(worker, job, getattr(worker.handle, method)(*args_of(job)))
+        return False
+
+    def ask(self, method: str, *args):
+        return ask(self, method, *args)
+
+    def summary(self) -> dict:
+        w = self.workers[0] if self.workers else None
+        return {"where": "this process", "workers": {w.name: {"node": w.node, "threads": w.info["threads"],
+                                                              "pair_memory_mb": w.info["memory_mb"],
+                                                              "machine": w.info["machine"]}} if w else {},
+                "lost_workers": [], "jobs_run_again": 0}

@@ -45,7 +45,7 @@ def cmd_bench(args) -> int:
     costs = None
     if args.gpu_costs:
         costs = json.loads(Path(args.gpu_costs).read_text())
-    if args.cluster:  # the same runs spread over a Ray cluster (cli/cluster.py): Ray is imported only then
+    if args.cluster or args.resume:  # spread over a Ray cluster, or resumable here (cli/cluster.py): Ray only then
         return cluster_bench(args, prompts, config, sweep_grid(args, config), _report)
     if "," in getattr(args, "weights", "auto"):  # weights settings side by side (via_sd/bench/weights.py)
         return _bench_weights(args, prompts, config)

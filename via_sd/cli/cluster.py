@@ -16,20 +16,24 @@ def add_cluster_arguments(parser) -> None:
                         help="run on a Ray cluster: auto (RAY_ADDRESS, else a local one) or its address; the --json "
                         "file fills as runs finish, and the same command again resumes it "
                         "(pip install -r requirements-cluster.txt; docs/cluster.md)")
+    parser.add_argument("--resume", action="store_true",
+                        help="without --cluster: write each finished prompt's runs into --json at once, and run again "
+                        "with the same --json, skip what it holds (--cluster always does)")
     parser.add_argument("--cluster-workers", type=int, metavar="N",
                         help="at most N workers (default: as many as the nodes' CPUs, GPUs and memory hold)")
 
 
 def cluster_bench(args, prompts: list[dict], config, grid: dict | None, report) -> int:
-    """The bench (or the sweep, `grid`) on the cluster; `report(args, result, started, formatter)` writes it."""
-    from ..bench.cluster import ray_missing
+    """The bench (or the sweep, `grid`) on the cluster, or resumable in this process (`--resume` alone);
+    `report(args, result, started, formatter)` writes it."""
+    if args.cluster:
+        from ..bench.cluster import ray_missing
 
-    why = ray_missing()
-    if why:
-        print(why, file=sys.stderr)
-        return 2
+        why = ray_missing()
+        if why:
+            print(why, file=sys.stderr)
+            return 2
     from ..bench import markdown, markdown_sweep, project
-    from ..bench.cluster import Cluster
     from ..bench.run import without_missing_peers
     from ..bench.spread import run_cluster_bench, run_cluster_sweep
 
@@ -39,7 +43,7 @@ def cluster_bench(args, prompts: list[dict], config, grid: dict | None, report) 
         raise ValueError(f"--cluster-workers must be at least 1, got {args.cluster_workers}")
     args.json = args.json or f"bench-{time.strftime('%Y%m%d-%H%M%S')}.json"  # filled as runs finish
     started = time.time()
-    with Cluster(pair_spec(args), args.cluster, args.cluster_workers, progress=print_progress) as cluster:
+    with _workers(args) as cluster:
         if grid:
             result = run_cluster_sweep(cluster, prompts, config, **grid, repeats=args.repeats, warmup=args.warmup,
                                        json_path=args.json, progress=print_progress)
@@ -51,3 +55,13 @@ def cluster_bench(args, prompts: list[dict], config, grid: dict | None, report) 
     if args.gpu_costs:
         result["projection"] = project(result, json.loads(Path(args.gpu_costs).read_text()))
     return report(args, result, started, markdown)
+
+
+def _workers(args):
+    if not args.cluster:
+        from ..bench.worker import InProcess
+
+        return InProcess(pair_spec(args))
+    from ..bench.cluster import Cluster
+
+    return Cluster(pair_spec(args), args.cluster, args.cluster_workers, progress=print_progress)
