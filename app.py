@@ -24,7 +24,7 @@ from types import SimpleNamespace
 
 import gradio as gr
 
-from studio import api, batch, costs, lab, layout, memory, recorded, runs, views
+from studio import api, batch, costs, lab, layout, memory, own_pair, recorded, runs, views
 from studio.downloads import forget_session
 from studio.lab import CUSTOM
 from studio.layout import DEFAULTS  # noqa: F401  (the values the controls start at, for scripts)
@@ -194,6 +194,7 @@ def wire_searches(demo: gr.Blocks, ui: SimpleNamespace, timer: gr.Timer) -> None
         lab.search_better_route, [ui.model, ui.route_ticket], [ui.device, ui.status, ui.route_row],
         **public("search_route", **ON_MODEL))
     ui.route_search_stop.click(runs.stop_work, None, ui.status, api_visibility="private", queue=False)
+    own_pair.wire(ui, ON_MODEL)
 
     ui.sweep.click(lab.take_sweep_ticket, [ui.theme], [ui.sweep_ticket, ui.theme], js=THEME_JS, queue=False,
                    api_visibility="private").then(

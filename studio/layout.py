@@ -15,7 +15,7 @@ import gradio as gr
 import via_sd
 import viz.page as page
 
-from . import costs, lab, recorded, views
+from . import costs, lab, own_pair, recorded, views
 from .lab import DEFAULT_THRESHOLD_PRESET
 from .batch import BATCH
 from .inputs import KNOBS
@@ -59,6 +59,7 @@ def settings_sidebar(preset: str) -> SimpleNamespace:
         locked = preset_locked()
         model = gr.Dropdown(preset_choices(), value=preset, label="Model preset", elem_id="preset",
                             interactive=not locked, info=LOCK_REASON.capitalize() if locked else None)
+        own = own_pair.panel(visible=not locked)
         threshold_preset = gr.Radio(lab.threshold_preset_choices(), value=DEFAULT_THRESHOLD_PRESET,
                                     label="threshold preset", info=lab.threshold_preset_info(),
                                     elem_id="threshold-preset")
@@ -85,9 +86,10 @@ def settings_sidebar(preset: str) -> SimpleNamespace:
         presentation = gr.Checkbox(False, label="presentation mode (large type)", elem_id="presentation")
         pace = gr.Slider(0, 1000, value=0, step=50, label="slow motion (ms each step stays on screen)",
                          info="0 = live speed; timings exclude the pauses", elem_id="pace")
-    return SimpleNamespace(model=model, threshold_preset=threshold_preset, accept=accept, escalate=escalate,
-                           signal=signal, drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature,
-                           seed=seed, route=route, with_ar=with_ar, presentation=presentation, pace=pace)
+    return merge(own, SimpleNamespace(
+        model=model, threshold_preset=threshold_preset, accept=accept, escalate=escalate, signal=signal,
+        drafter=drafter, gamma=gamma, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed, route=route,
+        with_ar=with_ar, presentation=presentation, pace=pace))
 
 
 def prompt_area(preset: str, examples: list[list[str]], labels: list[str],

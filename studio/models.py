@@ -14,13 +14,14 @@ import logging
 import os
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import gradio as gr
 import torch
 
 import viz.page as page
-from via_sd import PRESETS, DecodeConfig, ModelLoadError, Thresholds, generate, load_pair
+from via_sd import NO_ROUTE, PRESETS, DecodeConfig, ModelLoadError, NoRouteWarning, Thresholds, generate, load_pair
 from via_sd.route_search import pick_route
 from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
 from via_sd.core.pair import default_device
@@ -41,6 +42,7 @@ LOCK_REASON = ("fixed on this shared deployment: every visitor uses the one load
 PRESET_SHORT = {"embedded": "Qwen2.5-Coder 0.5B → 1.5B, offline", "gpu": "Qwen2.5 0.5B → 7B, GPU",
                 "cpu": "Qwen2.5-Coder 0.5B → 1.5B, hub", "tiny": "SmolLM2 135M → 360M, hub",
                 "random": "tiny random pair, instant, gibberish"}
+OWN = "own"  # the preset name of the pair brought through the model panel (`studio.own_pair`)
 
 
 def _truthy(name: str) -> bool:
@@ -61,6 +63,13 @@ def _hub_cached(repo: str) -> bool:
         return False
 
 
+def spec_of(preset: str) -> dict:
+    """A preset's spec: PRESETS', or the own pair's (drafter, verifier, route None, about) once one was chosen."""
+    if preset == OWN and MODELS.own is not None:
+        return MODELS.own
+    return PRESETS[preset]
+
+
 def needs_hub(preset: str) -> bool:
     spec = PRESETS.get(preset, {})
     return any(_is_hub_id(str(spec.get(k, ""))) for k in ("drafter", "verifier"))
@@ -68,6 +77,8 @@ def needs_hub(preset: str) -> bool:
 
 def preset_available(preset: str) -> tuple[bool, str]:
     """(can it load here?, why not). Hub presets need the hub or a local copy of both models."""
+    if preset == OWN:
+        return MODELS.own is not None, "no own pair chosen yet: name a drafter and a verifier in the model panel"
     if preset not in PRESETS:
         return False, f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}"
     if needs_hub(preset) and _truthy("HF_HUB_OFFLINE"):
@@ -92,6 +103,8 @@ def preset_choices() -> list[tuple[str, str]]:
         if needs_hub(name) and not preset_available(name)[0]:
             label += " [needs the hub]"
         choices.append((label, name))
+    if MODELS.own is not None:
+        choices.append((f"{OWN} — {MODELS.own['about']}", OWN))
     return choices
 
 
@@ -105,7 +118,7 @@ def load_steps(preset: str, warm: bool) -> list:
     no kernel and no profile worth measuring at load (its first gamma="auto" run measures one), a pair with a shipped
     prior profile measures none before its first run (via_sd.core.profile.profile_at_hand); on ZeroGPU
     (`warm` False) measuring and warming wait for the first run's GPU call."""
-    spec = PRESETS[preset]
+    spec = spec_of(preset)
     random = str(spec["drafter"]).startswith("random:")
     steps = [UNPACK] if str(spec["drafter"]).startswith("embedded:") and not embedded_ready() else []
     if not random and resolve_weights("auto", default_device()) == "int4" and not kernel_built():
@@ -142,6 +155,7 @@ class Models:
         self._warm: set = set()  # ids of pairs that ran their warm-up
         self._state = {"preset": None, "error": None, "message": "", "fraction": 0.0}
         self.served = served  # the preset the page was built for
+        self.own = None  # the own pair's spec (`studio.own_pair`), as PRESETS' specs: drafter, verifier, route, about
 
     # ---- reading ----
     def loaded(self, preset: str):
@@ -169,9 +183,10 @@ class Models:
             kernel = pair.kernels().split(" (")[0]  # which kernel runs the weights, without its terms
             if pair.weights == "int4" and (error := lowbit_kernel.build_error()):
                 kernel = f"{kernel}: {error}"  # the compiler's error, and that tokens differ from the kernel's
-            return page.pair_line(pair.device.type, str(pair.dtype).replace("torch.", ""), pair.weights,
+            line = page.pair_line(pair.device.type, str(pair.dtype).replace("torch.", ""), pair.weights,
                                   pair.drafter_name, pair.verifier_name, route.name, len(route.skip),
                                   route.skip_fraction, bool(route.meta.get("provisional")), kernel)
+            return line + (f" — **{NO_ROUTE}**" if route.meta.get("missing") else "")
         if state["preset"] == preset:
             return page.loading_html(preset, state["fraction"], state["message"])
         ok, why = preset_available(preset)
@@ -179,7 +194,7 @@ class Models:
             return page.warning_line(why)
         if state["error"] and preset in state["error"]:
             return page.warning_line(state["error"])
-        return page.idle_line("cuda" if torch.cuda.is_available() else "cpu", PRESETS[preset]["about"])
+        return page.idle_line("cuda" if torch.cuda.is_available() else "cpu", spec_of(preset)["about"])
 
     def default_route(self, preset: str):
         with self._lock:
@@ -235,7 +250,7 @@ class Models:
                     kernel.join()
                 begin(LOAD)
                 time.sleep(float(os.environ.get(HOLD_LOAD, "") or 0))  # tests only: a page before its models
-                pair = load_pair(preset, progress=report)
+                pair = self._load_pair(preset, report)
                 pick_route(pair, progress=report)  # a shipped or cached route, else the provisional rule
                 if MEASURE in line.steps:  # the cost profile gamma="auto" reads: measured once, cached
                     begin(MEASURE)
@@ -256,6 +271,21 @@ class Models:
             finally:
                 self._report(preset=None)
             return pair
+
+    def choose_own(self, spec: dict) -> None:
+        """The own pair's spec (`studio.own_pair`); another pair than the own one loaded drops it (loaded anew)."""
+        with self._load, self._lock:
+            if spec != self.own:
+                self.own = spec
+                self._pairs.pop(OWN, None)
+                self._routes.pop(OWN, None)
+
+    def _load_pair(self, preset: str, report):
+        if preset != OWN:
+            return load_pair(preset, progress=report)
+        with warnings.catch_warnings():  # the model line says it (`status`), once a cached route was looked for
+            warnings.simplefilter("ignore", NoRouteWarning)
+            return load_pair(drafter=self.own["drafter"], verifier=self.own["verifier"], progress=report)
 
     def ensure_warm(self, pair) -> None:
         """The warm-up, once per pair (call it inside a GPU call on ZeroGPU)."""
@@ -303,7 +333,7 @@ class Models:
     def view(self, pair, preset: str, route: str | None):
         """`pair` with the slim verifier of `route` ("default": the preset's, or the one picked at load):
         always a shallow copy, so the shared pair never changes."""
-        wanted = route if route not in (None, "", "default") else PRESETS[preset]["route"] or self.default_route(preset)
+        wanted = route if route not in (None, "", "default") else spec_of(preset)["route"] or self.default_route(preset)
         try:
             chosen = resolve_route(wanted or "none", pair.verifier.config.num_hidden_layers)
         except (ValueError, OSError) as err:
@@ -335,7 +365,7 @@ MODELS = Models()
 
 def load_preset(preset, progress=gr.Progress()) -> tuple[str, str]:
     """Switch preset: frees the old pair, loads the new one with progress. Returns (device line, status)."""
-    if not isinstance(preset, str) or preset not in PRESETS:
+    if not isinstance(preset, str) or preset not in PRESETS and not (preset == OWN and MODELS.own is not None):
         raise gr.Error(f"preset must be one of {', '.join(PRESETS)}, got {str(preset)[:40]!r}", print_exception=False)
     try:
         MODELS.pair(preset, progress)

@@ -57,7 +57,7 @@ def pane_html(trace: Any, method: str, running: bool = False, live: tuple | None
     `live`: (round, candidates) of the round being verified now: its drafts follow the tokens, pending
     until a tier decides them."""
     title = (f'<div class="via-pane-title"><b>{METHOD_TITLES[method]}</b> <span>{METHOD_ABOUT[method]}</span>'
-             f'{drafter_tag(trace, method)}</div>')
+             f'{drafter_tag(trace, method)}{route_tag(trace, method)}</div>')
     s = (getattr(trace, "summary", None) or {}) if trace is not None else {}
     if live is not None and running:
         counts = (f'<div class="via-pane-counts" data-state="running …">{esc(s.get("new_tokens", 0))} tokens · '
@@ -72,6 +72,17 @@ def pane_html(trace: Any, method: str, running: bool = False, live: tuple | None
     counts = (f'<div class="via-pane-counts" data-state="{state}">{esc(s.get("new_tokens", 0))} tokens · '
               f'{fmt(s.get("tokens_per_s", 0.0), ".1f")} tokens/s · {len(trace.rounds)} rounds · {state}</div>')
     return title + counts + token_html(trace, legend=False)
+
+
+# via_sd.NO_ROUTE, the words every face uses (viz imports no model code; tests/test_own_pair.py checks they agree)
+NO_ROUTE = "no slim route yet: the slim verifier is the full model"
+
+
+def route_tag(trace: Any, method: str) -> str:
+    """The VIA-SD lane of a pair run without a slim route says so: its tier B was the full model."""
+    if trace is None or method != "via" or (getattr(trace, "models", None) or {}).get("route") != "none":
+        return ""
+    return f' <span class="via-pane-route" data-route="none">{esc(NO_ROUTE)}</span>'
 
 
 def drafter_tag(trace: Any, method: str) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..core.routing import ROUTES_DIR
 from .cache import model_identity, route_cache_dir, same_model, slug
-from .progress import report
+from .progress import report, stopped
 
 CALIBRATION_DIR = ROUTES_DIR / "calibration"
 PROMPTS_DIR = ROUTES_DIR.parent / "prompts"
@@ -56,13 +56,17 @@ def task_prompts(picks) -> list[str]:
     return prompts
 
 
-def generate_calibration(pair, prompts: list[str], max_new_tokens: int, source: str = "", progress=None) -> Calibration:
-    """The full verifier's own greedy continuations of `prompts` (through the chat template when there is one)."""
+def generate_calibration(pair, prompts: list[str], max_new_tokens: int, source: str = "", progress=None,
+                         stop=None) -> Calibration:
+    """The full verifier's own greedy continuations of `prompts` (through the chat template when there is one).
+    `stop` (anything with `is_set()`), checked before each prompt, ends it with KeyboardInterrupt."""
     from ..core.decoding import DecodeConfig, generate
 
     config = DecodeConfig(max_new_tokens=max_new_tokens, temperature=0.0)
     sequences, starts = [], []
     for i, prompt in enumerate(prompts):
+        if stopped(stop):
+            raise KeyboardInterrupt
         report(progress, f"calibration: the full verifier continues prompt {i + 1}/{len(prompts)}", i / len(prompts))
         prompt_ids = pair.encode(prompt, chat=config.chat)
         trace = generate(pair, prompt, "ar", config)
@@ -96,8 +100,9 @@ def calibration_from_file(pair, path: str, progress=None) -> Calibration:
     return text_calibration(pair.tokenizer, file.read_text(encoding="utf-8"), f"{file.name}: plain text")
 
 
-def default_texts(pair, progress=None, save_to: Path | None = None) -> tuple[Calibration, Calibration]:
-    """(calibration, held-out) texts for this verifier: a shipped or cached file, else generated now and cached."""
+def default_texts(pair, progress=None, save_to: Path | None = None, stop=None) -> tuple[Calibration, Calibration]:
+    """(calibration, held-out) texts for this verifier: a shipped or cached file, else generated now and cached
+    (`stop`: see generate_calibration)."""
     identity = model_identity(pair)
     for folder in (CALIBRATION_DIR, route_cache_dir() / "calibration"):
         for path in sorted(folder.glob("*.json")):
@@ -105,9 +110,9 @@ def default_texts(pair, progress=None, save_to: Path | None = None) -> tuple[Cal
             if same_model(data.get("model"), identity):
                 return Calibration.from_dict(data["calibration"]), Calibration.from_dict(data["held_out"])
     calibration = generate_calibration(pair, task_prompts(CALIBRATION_PROMPTS), CALIBRATION_TOKENS,
-                                       "assets/prompts: full-verifier continuations", progress)
+                                       "assets/prompts: full-verifier continuations", progress, stop)
     held_out = generate_calibration(pair, task_prompts(HELD_OUT_PROMPTS), HELD_OUT_TOKENS,
-                                    "assets/prompts (other prompts): full-verifier continuations", progress)
+                                    "assets/prompts (other prompts): full-verifier continuations", progress, stop)
     path = save_to or route_cache_dir() / "calibration" / f"{slug(pair.verifier_name)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"model": identity, "calibration": calibration.to_dict(),
