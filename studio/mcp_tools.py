@@ -25,6 +25,7 @@ from gradio.utils import get_function_description
 from via_sd import THRESHOLD_PRESETS
 
 from . import api, batch
+from .runs import NOTHING_TO_STOP
 from .inputs import input_schemas
 
 PATH = "/gradio_api/mcp"
@@ -278,8 +279,14 @@ class Tools:
         return await anyio.to_thread.run_sync(run.job.result)
 
     @staticmethod
-    def stop_run(run: Run) -> None:
-        run.client.predict(api_name="/stop")
+    def stop_run(run: Run, wait_s: float = 30.0) -> None:
+        """/stop from the run's own Gradio session. Until its call has reached the queue, the session has nothing to
+        stop: try again until it has (or it is done)."""
+        deadline = time.time() + wait_s
+        while NOTHING_TO_STOP in str(run.client.predict(api_name="/stop")) and time.time() < deadline:
+            if run.job is not None and run.job.done():
+                return
+            time.sleep(0.05)
 
     async def stop(self, connection: str, run_id) -> dict:
         if run_id is None:

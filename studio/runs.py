@@ -31,6 +31,7 @@ METHODS = ("via", "sd", "ar")
 FRAME_S = 1 / 15  # at most ~15 page updates a second: more than a browser shows, fewer than a fast pair makes
 MAX_PACE_MS = 2000.0
 GPU_GROUP = "gpu"  # app.py's concurrency id of model work (ON_MODEL)
+NOTHING_TO_STOP = "Nothing to stop"  # what Stop says when the session has no work queued or running
 
 
 def warn(message: str) -> None:
@@ -67,7 +68,7 @@ def stop_work(request: gr.Request = None) -> str:
     queued = model_work_queued(request)
     SESSIONS.get(request).stop(queued=queued)
     if not queued:
-        return page.status_html("Nothing to stop: no run, sweep or search of yours is running or queued.", "stop")
+        return page.status_html(f"{NOTHING_TO_STOP}: no run, sweep or search of yours is running or queued.", "stop")
     return page.status_html("stopping after the current round …", "stop")
 
 

@@ -100,7 +100,7 @@ def test_compare_answers_compact_json_whose_trace_what_if_estimate_takes(mcp_url
     assert len(bare.content[0].text) * 3 < len(json.dumps(traced)), "traces only when asked for"
     estimate = loads(estimate)
     assert estimate["estimate"] is True and estimate["thresholds"]["accept"] == 0.9
-    assert sum(estimate["tier_counts"].values()) == traced["methods"]["via"]["summary"]["new_tokens"]
+    assert sum(estimate["tier_counts"].values()) == estimate["new_tokens"] > 0
     assert bad.isError and "top_p must be a number above 0" in bad.content[0].text
     fastest = THRESHOLD_PRESETS["fastest"]  # as the CLI's --thresholds fastest --accept 0.9
     assert (preset["accept"], preset["escalate"], preset["signal"]) == (0.9, fastest.escalate, fastest.signal)
