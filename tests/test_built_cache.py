@@ -67,7 +67,7 @@ def test_a_second_start_opens_the_built_model_with_the_same_outputs_and_its_watc
     assert len(second._forward_pre_hooks) == len(first._forward_pre_hooks) == 1
 
 
-def test_another_kernel_source_or_gguf_is_another_key_and_replaces_the_old_file(tmp_path, monkeypatch):
+def test_another_kernel_source_or_gguf_is_another_key_and_the_oldest_file_goes(tmp_path, monkeypatch):
     monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")  # the kernel's build stays where it is
     folder, calls = codes_folder(tmp_path), []
     built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
@@ -75,11 +75,12 @@ def test_another_kernel_source_or_gguf_is_another_key_and_replaces_the_old_file(
     monkeypatch.setattr(built, "sources_digest", lambda: "a changed lowbit_kernel.cpp")
     built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
     assert len(calls) == 2, "a changed kernel source reused the old build"
-    files = list(old.parent.glob("*.pt"))
-    assert len(files) == 1 and files[0] != old
+    assert len(list(old.parent.glob("*.pt"))) == 2  # the newest other key's stays (another checkout's)
     (folder / "READY.json").write_text(json.dumps({"sha256": "cd" * 32}))
     built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
     assert len(calls) == 3, "another GGUF reused the old build"
+    files = list(old.parent.glob("*.pt"))
+    assert len(files) == 2 and old not in files  # the oldest went
 
 
 def test_a_damaged_file_is_built_again_and_fp32_is_never_kept(tmp_path, monkeypatch, caplog):

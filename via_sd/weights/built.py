@@ -9,8 +9,8 @@ converted, and a page of weights is read when a pass first uses it.
 A file is keyed by everything that decides its bytes: the GGUF's sha256 (READY.json of the codes folder), the
 weights layer's sources (via_sd/weights/*.py and *.cpp: a kernel whose layout changes is another key), the layout
 in use (the project's kernel or torch's, and torch's block of rows), the drafter's frequency list, torch's and
-transformers' versions, the weights setting and the build's options. A folder keeps one file: another key's goes
-when a new one is written. A file that does not open is built again (and replaced), never trusted.
+transformers' versions, the weights setting and the build's options. A folder keeps the file just written and the
+newest of other keys (two checkouts of other sources sharing a cache); older ones go. A file that does not open is built again (and replaced), never trusted.
 
 The file is a pickle written by this cache into it; like the compiled kernel next to it, whoever can write the
 cache can run code in the app.
@@ -34,6 +34,7 @@ from .paths import cache_root
 
 log = logging.getLogger(__name__)
 FORMAT = 1  # bump when what this module writes changes shape
+KEEP = 2    # built files kept per model folder: this key's and the newest other (two checkouts sharing a cache)
 SOURCES = Path(__file__).resolve().parent
 TOKEN_FREQ = SOURCES.parents[1] / "assets" / "token_freq"
 
@@ -107,7 +108,8 @@ def _open(path: Path, key: dict) -> nn.Module | None:
 
 
 def _save(model: nn.Module, path: Path, key: dict) -> None:
-    """Writes `model` to `path` atomically (a temporary file renamed), removing this folder's files of other keys."""
+    """Writes `model` to `path` atomically (a temporary file renamed); of this folder's files of other keys only the
+    newest stays."""
     heads, tmp = _detach_watchers(model), None
     model.via_sd_built = key
     try:
@@ -125,9 +127,9 @@ def _save(model: nn.Module, path: Path, key: dict) -> None:
             os.unlink(tmp)
         if heads:
             _watch(model)
-    for old in path.parent.glob("*.pt"):
-        if old != path:
-            old.unlink(missing_ok=True)
+    others = sorted((p for p in path.parent.glob("*.pt") if p != path), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in others[KEEP - 1:]:  # the newest others stay: checkouts of other sources sharing one cache
+        old.unlink(missing_ok=True)
 
 
 def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module]) -> nn.Module:
