@@ -1,10 +1,12 @@
 """Where a verifier step's time goes, next to this CPU's limits.
 
 Prints, for the pair's verifier in int4 weights:
-  1. the machine's roofline: memory read bandwidth (2 threads), the low-bit kernel's integer peak on a
+  1. the machine's roofline: memory read bandwidth (every thread streaming its share of a 1 GiB buffer through
+     vector loads, as a memory benchmark reads: bandwidth.cpp), the low-bit kernel's integer peak on a
      cache-resident layer, torch's fp32 matmul peak;
   2. one-token decoding steps after a prompt, by part: each low-bit linear shape (calls, ms a call, the bytes it
-     reads and the rate it reads them at), attention, the head's exact re-scoring, and everything else;
+     reads, the rate it reads them at and its share of the bandwidth), attention, the head's exact re-scoring,
+     everything else, the linears together and the bytes a step reads;
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
   4. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
      kernel, then for torch's (the pair built again with lowbit_kernel.off()).
@@ -43,18 +45,29 @@ def best_of(fn, repeats: int = 5) -> float:
     return min(times)
 
 
-def roofline() -> list[str]:
-    big = torch.ones(64 << 20)  # 256 MiB: far larger than any cache
-    bandwidth = big.numel() * 4 / best_of(big.sum) / 1e9
+def read_bandwidth(size: int = 1 << 30) -> float | None:
+    """GB/s of the kernel module's read probe (bandwidth.cpp: every thread streams its share of a 1 GiB buffer through
+    vector loads, as STREAM's read side), best of 5; None without the kernel."""
+    kernel = lowbit_kernel.module()
+    if kernel is None:
+        return None
+    big = torch.ones(size, dtype=torch.uint8)  # far larger than any cache; written once, so its pages exist
+    wide = lowbit_kernel.isa() == 2
+    return size / best_of(lambda: kernel.stream_read(big, wide)) / 1e9
+
+
+def roofline(size: int = 1 << 30) -> tuple[list[str], float | None]:
+    bandwidth = read_bandwidth(size)
     a = torch.randn(1024, 1024)
     fp32 = 2 * 1024 ** 3 / best_of(lambda: a @ a) / 1e9
-    lines = [f"| memory read, {torch.get_num_threads()} threads (sum of 256 MiB) | {bandwidth:.1f} GB/s |",
+    read = f"{bandwidth:.1f} GB/s" if bandwidth else "not measured (no kernel)"
+    lines = [f"| memory read, {torch.get_num_threads()} threads (vector loads over {size >> 20} MiB, bandwidth.cpp) | {read} |",
              f"| fp32 matmul 1024^3 (torch) | {fp32:.0f} GFLOP/s |"]
     if lowbit_kernel.available():
         layer, x = Int4Linear.from_float(torch.randn(1536, 1536) * 0.05), torch.randn(64, 1536)
         ops = 2 * 64 * 1536 * 1536 / best_of(lambda: layer(x)) / 1e9
         lines.append(f"| int4 x int8 kernel, 64 rows on a cache-resident 1536x1536 | {ops:.0f} GOP/s |")
-    return ["| limit | measured |", "|---|---|", *lines]
+    return ["| limit | measured |", "|---|---|", *lines], bandwidth
 
 
 def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
@@ -119,7 +132,7 @@ class PartTimer:
         self.totals.clear(), self.calls.clear()
 
 
-def step_breakdown(pair, steps: int) -> list[str]:
+def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
     model = pair.verifier
     ids = torch.tensor([pair.encode("Write a function that merges two sorted lists, and explain it.")])
     timer = PartTimer(model)
@@ -132,17 +145,22 @@ def step_breakdown(pair, steps: int) -> list[str]:
             out = model(token, past_key_values=cache, use_cache=True)
             token = out.logits[:, -1:].argmax(-1)
         total = (time.perf_counter() - start) / steps
-    rows = ["| part | calls a step | ms a step | share | ms a call | MB a call | GB/s |", "|---|---|---|---|---|---|---|"]
+    share = (lambda rate: f"{rate / bandwidth:.0%}") if bandwidth else (lambda rate: "")
+    rows = ["| part | calls a step | ms a step | share | ms a call | MB a call | GB/s | of bandwidth |",
+            "|---|---|---|---|---|---|---|---|"]
     for part, seconds in sorted(timer.totals.items(), key=lambda kv: -kv[1]):
         per_step, calls = seconds / steps * 1e3, timer.calls[part] / steps
         size = timer.bytes.get(part)
-        rate = f"{size / (seconds / timer.calls[part]) / 1e9:.1f}" if size else ""
+        rate = size / (seconds / timer.calls[part]) / 1e9 if size else 0.0
         rows.append(f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | "
-                    f"{per_step / calls:.3f} | {size / 1e6:.2f} |  {rate} |" if size else
-                    f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | | | |")
+                    f"{per_step / calls:.3f} | {size / 1e6:.2f} | {rate:.1f} | {share(rate)} |" if size else
+                    f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | | | | |")
     kernel_bytes = sum(timer.bytes[p] * timer.calls[p] / steps for p in timer.bytes if p in timer.calls)
+    kernel_s = sum(timer.totals[p] for p in timer.bytes if p in timer.totals) / steps
+    rows.append(f"| low-bit linears | | {kernel_s * 1e3:.1f} | {kernel_s / total:.0%} | | {kernel_bytes / 1e6:.0f} | "
+                f"{kernel_bytes / kernel_s / 1e9:.1f} | {share(kernel_bytes / kernel_s / 1e9)} |")
     rows.append(f"| **one step** | | **{total * 1e3:.1f}** | 100% | | {kernel_bytes / 1e6:.0f} (weights) | "
-                f"{kernel_bytes / total / 1e9:.1f} |")
+                f"{kernel_bytes / total / 1e9:.1f} | {share(kernel_bytes / total / 1e9)} |")
     return rows
 
 
@@ -165,6 +183,7 @@ def verify_curve(pair, context: int, rows: list[int]) -> dict[int, float]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="embedded")
+    ap.add_argument("--bandwidth-mib", type=int, default=1024, help="buffer read by the bandwidth probe")
     ap.add_argument("--steps", type=int, default=20, help="one-token steps timed")
     ap.add_argument("--context", type=int, default=200, help="tokens cached before a verification pass")
     ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16", help="pass sizes k for V(k)")
@@ -173,12 +192,13 @@ def main(argv=None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}\n")
-    print("\n".join(roofline()) + "\n")
+    table, bandwidth = roofline(args.bandwidth_mib << 20)
+    print("\n".join(table) + "\n")
     if args.linear:
         print("\n".join(linear_rows(*map(int, args.linear.split("x")), rows)) + "\n")
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
-    print("\n".join(step_breakdown(pair, args.steps)) + "\n")
+    print("\n".join(step_breakdown(pair, args.steps, bandwidth)) + "\n")
     ours = verify_curve(pair, args.context, rows)
     del pair  # one pair at a time: two embedded pairs in one process slowed each pass tenfold here
     gc.collect()

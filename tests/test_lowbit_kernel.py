@@ -93,8 +93,9 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     assert script.main(["--preset", "random", "--steps", "2", "--context", "16", "--rows", "1,3",
-                        "--linear", "64x96"]) == 0
+                        "--linear", "64x96", "--bandwidth-mib", "64"]) == 0
     out = capsys.readouterr().out
-    assert "| memory read" in out and "GOP/s" in out and "| attention (rope, cache, SDPA) |" in out
+    assert "| memory read, " in out and "MiB, bandwidth.cpp) | " in out and "| low-bit linears |" in out
+    assert "GOP/s" in out and "| attention (rope, cache, SDPA) |" in out
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out

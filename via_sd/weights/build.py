@@ -82,8 +82,8 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
     (RescoredHead); without (a drafter: it only proposes, and int8 made it 1.6x slower) they are
     re-quantized to int4 too.
 
-    `fuse` (int4): q/k/v and gate/up as one int4 matmul each (fused.py; bit for bit the same outputs);
-    None: a drafter's only.
+    `fuse` (int4): q/k/v and gate/up as one int4 matmul each (fused.py; bit for bit the same outputs, and one
+    quantization of the input serves every part); None: yes, verifier and drafter alike.
     `frequent` (int4, a drafter only, i.e. without `exact_top1`): its head scores only the `frequent`
     most frequent tokens of the shipped list (heads.FrequentHead), when the list fits the model's
     vocabulary; None keeps the whole head. What the model got is in `model.via_sd_weights`."""
@@ -114,7 +114,7 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
             raise RuntimeError(f"buffer {name} was not initialised")
     model.eval()
     if weights == "int4":
-        _narrow_and_fuse(model, not exact_top1 if fuse is None else fuse, None if exact_top1 else frequent)
+        _narrow_and_fuse(model, True if fuse is None else fuse, None if exact_top1 else frequent)
     release_freed_memory()
     return model
 
@@ -192,7 +192,7 @@ class _Builder:
 
 
 def _narrow_and_fuse(model, fuse: bool, frequent: int | None) -> None:
-    """The int4 drafter's cheaper head and fused matmuls, recorded in `model.via_sd_weights`."""
+    """The int4 drafter's cheaper head and the fused matmuls, recorded in `model.via_sd_weights`."""
     notes = ["int4"]
     if isinstance(model.get_output_embeddings(), RescoredHead):
         notes.append("head's best 16 re-scored exactly")

@@ -23,7 +23,10 @@
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
+#include <omp.h>
 
+#include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -44,8 +47,9 @@ inline float bf16(uint16_t h) {
 
 
 // One call's activations: int8 codes per row and group of 32, the group's scale sa, sum of its codes, and b.
+// Each thread keeps one and reuses its memory from call to call (no allocation per call once it is large enough).
 struct Activations {
-  int64_t M, K, G;
+  int64_t M = 0, K = 0, G = 0;
   std::vector<int8_t> q;
   std::vector<float> sa, b;
   std::vector<int32_t> sum;
@@ -53,34 +57,101 @@ struct Activations {
   int64_t at(int64_t r, int64_t g) const { return r * G + g; }
 };
 
-Activations quantize(const float* x, int64_t M, int64_t K) {
-  Activations a{M, K, K / GROUP};
-  a.q.resize(M * K);
-  a.sa.resize(M * a.G);
-  a.b.resize(M * a.G);
-  a.sum.resize(M * a.G);
-  // threads only for long prompt reads: a parallel region costs more than quantizing a few rows
-  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 18) / K), [&](int64_t r0, int64_t r1) {
+// One group of 32 values -> 32 codes; the definition (every path below gives these bits): amax = max |v|,
+// id = 127 / amax, q = nearbyint(v * id) (round half to even) clamped to +-127, sa = amax / 127; a group holding NaN
+// or inf gets codes 0 and sa = NaN (the row's outputs are NaN, through sa and b).
+inline void quantize_generic(const float* v, int8_t* q, float& sa, int32_t& sum) {
+  float amax = 0.f;
+  bool finite = true;
+  for (int j = 0; j < GROUP; ++j) amax = std::fmax(amax, std::fabs(v[j])), finite &= std::isfinite(v[j]);
+  float id = amax > 0.f ? 127.f / amax : 0.f;
+  sa = amax / 127.f;
+  if (!finite) id = 0.f, sa = NAN;
+  sum = 0;
+  for (int j = 0; j < GROUP; ++j) {
+    float t = finite ? std::nearbyint(v[j] * id) : 0.f;  // casting a NaN to int8 is undefined
+    q[j] = int8_t(t > 127.f ? 127.f : (t < -127.f ? -127.f : t));
+    sum += q[j];
+  }
+}
+
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
+
+AVX2_TARGET inline void quantize_avx2(const float* v, int8_t* q, float& sa, int32_t& sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), big = _mm256_set1_ps(FLT_MAX);
+  __m256 x[4], m = _mm256_setzero_ps();
+  int finite = 0xff;
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm256_loadu_ps(v + 8 * i);
+    __m256 a = _mm256_and_ps(x[i], magnitude);
+    finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ));  // false for NaN and inf
+    m = _mm256_max_ps(m, a);
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps(h, h, 1)));  // max is exact: the order does not matter
+  if (finite != 0xff) {
+    std::memset(q, 0, GROUP), sa = NAN, sum = 0;
+    return;
+  }
+  const __m256 id = _mm256_set1_ps(amax > 0.f ? 127.f / amax : 0.f), hi = _mm256_set1_ps(127.f), lo = _mm256_set1_ps(-127.f);
+  __m256i c[4];
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(
+        _mm256_round_ps(_mm256_mul_ps(x[i], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), lo), hi));
+  __m256i s = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+  __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+  s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+  sum = _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1)));
+  __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]), _mm256_packs_epi32(c[2], c[3]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+  sa = amax / 127.f;
+}
+
+AVX512_TARGET inline __m512i codes16(__m512 x, __m512 id) {  // nearbyint(x * id) clamped to +-127, as int32
+  return _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(
+      _mm512_roundscale_ps(_mm512_mul_ps(x, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC), _mm512_set1_ps(-127.f)),
+      _mm512_set1_ps(127.f)));
+}
+
+AVX512_TARGET inline void quantize_avx512(const float* v, int8_t* q, float& sa, int32_t& sum) {
+  const __m512 big = _mm512_set1_ps(FLT_MAX);
+  __m512 x0 = _mm512_loadu_ps(v), x1 = _mm512_loadu_ps(v + 16);
+  __m512 a0 = _mm512_abs_ps(x0), a1 = _mm512_abs_ps(x1);
+  if ((_mm512_cmp_ps_mask(a0, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, big, _CMP_LE_OQ)) != 0xffff) {
+    std::memset(q, 0, GROUP), sa = NAN, sum = 0;
+    return;
+  }
+  float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+  const __m512 id = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+  __m512i c0 = codes16(x0, id), c1 = codes16(x1, id);
+  sum = _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(c0));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(c1));
+  sa = amax / 127.f;
+}
+
+const Activations& quantize(const float* x, int64_t M, int64_t K, int isa) {
+  thread_local Activations mine;
+  Activations& a = mine;  // a lambda names a thread_local as the running thread's own: workers write the caller's
+  a.M = M, a.K = K, a.G = K / GROUP;
+  if (int64_t(a.q.size()) < M * K) a.q.resize(M * K);
+  if (int64_t(a.sa.size()) < M * a.G) a.sa.resize(M * a.G), a.b.resize(M * a.G), a.sum.resize(M * a.G);
+  auto rows = [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
       for (int64_t g = 0; g < a.G; ++g) {
         const float* v = x + r * K + g * GROUP;
-        float amax = 0.f;
-        bool finite = true;
-        for (int j = 0; j < GROUP; ++j) amax = std::fmax(amax, std::fabs(v[j])), finite &= std::isfinite(v[j]);
-        float id = amax > 0.f ? 127.f / amax : 0.f, sa = amax / 127.f;
-        if (!finite) id = 0.f, sa = NAN;  // NaN or inf in: the row's outputs are NaN (through sa and b)
         int8_t* q = a.q.data() + r * K + g * GROUP;
-        int32_t sum = 0;
-        for (int j = 0; j < GROUP; ++j) {
-          float t = finite ? std::nearbyint(v[j] * id) : 0.f;  // casting a NaN to int8 is undefined
-          q[j] = int8_t(t > 127.f ? 127.f : (t < -127.f ? -127.f : t));
-          sum += q[j];
-        }
-        a.sa[a.at(r, g)] = sa;
-        a.sum[a.at(r, g)] = sum;
-        a.b[a.at(r, g)] = sa * float(sum);
+        int64_t rg = a.at(r, g);
+        if (isa == AVX512_VNNI) quantize_avx512(v, q, a.sa[rg], a.sum[rg]);
+        else if (isa == AVX2) quantize_avx2(v, q, a.sa[rg], a.sum[rg]);
+        else quantize_generic(v, q, a.sa[rg], a.sum[rg]);
+        a.b[rg] = a.sa[rg] * float(a.sum[rg]);
       }
-  });
+  };
+  if (M * K < (1 << 18)) rows(0, M);  // a parallel region costs more than quantizing a few rows
+  else at::parallel_for(0, M, std::max<int64_t>(1, (1 << 18) / K), rows);
   return a;
 }
 
@@ -131,8 +202,6 @@ void int8_generic(const uint8_t* codes, const float* scale, const Activations& a
 }
 
 // ---------------------------------------------------------------- AVX2 + FMA: a tile as two halves of 8 outputs
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
-
 AVX2_TARGET inline __m256 bf16x8(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
 }
@@ -144,51 +213,60 @@ AVX2_TARGET inline __m256i dot_u8s8(__m256i w, int32_t q4) {  // w <= 15 or |w| 
 AVX2_TARGET void int4_avx2(const uint8_t* codes, const uint16_t* sm, const Activations& a, int64_t t, int64_t r0,
                            int64_t r1, float* y, int64_t N) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int h = 0; h < 2; ++h)
-    for (int64_t r = r0; r < r1; ++r) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < a.G; ++g) {
-        const uint8_t* c = codes + (t * a.G + g) * 256 + 32 * h;
-        const int8_t* q = a.row(r, g);
+  for (int64_t r = r0; r < r1; ++r) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < a.G; ++g) {
+      const uint8_t* c = codes + (t * a.G + g) * 256;
+      if (r == r0) {
+        for (int l = 0; l < 256; l += 64) _mm_prefetch(reinterpret_cast<const char*>(c + PREFETCH + l), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(sm + (t * a.G + g) * 32 + PREFETCH / 8), _MM_HINT_T0);
+      }
+      const int8_t* q = a.row(r, g);
+      const uint16_t* s = sm + (t * a.G + g) * 32;
+      const __m256 sa = _mm256_set1_ps(a.sa[a.at(r, g)]), b = _mm256_set1_ps(a.b[a.at(r, g)]);
+      for (int h = 0; h < 2; ++h) {  // outputs 8h .. 8h + 7
         __m256i P = _mm256_setzero_si256();
         for (int jp = 0; jp < 4; ++jp) {
-          __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * jp));
+          __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * jp + 32 * h));
           P = _mm256_add_epi32(P, dot_u8s8(_mm256_and_si256(x, low), quad(q, 2 * jp)));
           P = _mm256_add_epi32(P, dot_u8s8(_mm256_and_si256(_mm256_srli_epi16(x, 4), low), quad(q, 2 * jp + 1)));
         }
-        const uint16_t* s = sm + (t * a.G + g) * 32 + 8 * h;
-        __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(P), _mm256_set1_ps(a.sa[a.at(r, g)]));
-        acc = _mm256_fmadd_ps(f, bf16x8(s), acc);
-        acc = _mm256_fmadd_ps(bf16x8(s + 16), _mm256_set1_ps(a.b[a.at(r, g)]), acc);
+        acc[h] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sa), bf16x8(s + 8 * h), acc[h]);
+        acc[h] = _mm256_fmadd_ps(bf16x8(s + 16 + 8 * h), b, acc[h]);
       }
-      _mm256_storeu_ps(y + r * N + 16 * t + 8 * h, acc);
     }
+    _mm256_storeu_ps(y + r * N + 16 * t, acc[0]);
+    _mm256_storeu_ps(y + r * N + 16 * t + 8, acc[1]);
+  }
 }
 
 AVX2_TARGET void int8_avx2(const uint8_t* codes, const float* scale, const Activations& a, int64_t t, int64_t r0,
                            int64_t r1, float* y, int64_t N) {
   const __m256i bias = _mm256_set1_epi8(char(0x80));
-  for (int h = 0; h < 2; ++h)
-    for (int64_t r = r0; r < r1; ++r) {
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t g = 0; g < a.G; ++g) {
-        const uint8_t* c = codes + (t * a.G + g) * 512 + 32 * h;
-        const int8_t* q = a.row(r, g);
+  for (int64_t r = r0; r < r1; ++r) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t g = 0; g < a.G; ++g) {
+      const uint8_t* c = codes + (t * a.G + g) * 512;
+      if (r == r0)
+        for (int l = 0; l < 512; l += 64) _mm_prefetch(reinterpret_cast<const char*>(c + 2 * PREFETCH + l), _MM_HINT_T0);
+      const int8_t* q = a.row(r, g);
+      const __m256 sa = _mm256_set1_ps(a.sa[a.at(r, g)]);
+      for (int h = 0; h < 2; ++h) {
         __m256i P = _mm256_setzero_si256();
         for (int j = 0; j < 8; ++j) {
-          __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j)), bias);
+          __m256i w = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 64 * j + 32 * h)), bias);
           __m256i qs = _mm256_sign_epi8(_mm256_set1_epi32(quad(q, j)), w);
           P = _mm256_add_epi32(P, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), qs), _mm256_set1_epi16(1)));
         }
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_set1_ps(a.sa[a.at(r, g)]), acc);
+        acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), sa, acc[h]);
       }
-      _mm256_storeu_ps(y + r * N + 16 * t + 8 * h, _mm256_mul_ps(_mm256_loadu_ps(scale + 16 * t + 8 * h), acc));
     }
+    for (int h = 0; h < 2; ++h)
+      _mm256_storeu_ps(y + r * N + 16 * t + 8 * h, _mm256_mul_ps(_mm256_loadu_ps(scale + 16 * t + 8 * h), acc[h]));
+  }
 }
 
 // ---------------------------------------------------------------- AVX-512 VNNI: a tile in one register, rows in a block
-#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma")))
-
 AVX512_TARGET inline __m512 bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
 }
@@ -270,7 +348,19 @@ void run_int8(int isa, const uint8_t* codes, const float* scale, const Activatio
   }
 }
 
-int64_t grain(int64_t G) { return std::max<int64_t>(1, 2048 / G); }  // tiles a thread takes: >= ~1M weights
+// Tiles handed out in chunks of ~64 KB of codes to whichever thread asks next (ggml's way): on a shared machine a
+// static split waits for the slower core at every call. Below two chunks of work, or inside a parallel region,
+// the calling thread runs them all.
+template <class Body>
+void for_tiles(int64_t tiles, int64_t tile_bytes, const Body& body) {
+  const int64_t chunk = std::max<int64_t>(1, (64 << 10) / tile_bytes), chunks = (tiles + chunk - 1) / chunk;
+  const int threads = int(std::min<int64_t>(at::get_num_threads(), chunks));
+  if (threads <= 1 || omp_in_parallel()) return body(0, tiles);
+  std::atomic<int64_t> next{0};
+#pragma omp parallel num_threads(threads)
+  for (int64_t t0; (t0 = next.fetch_add(chunk, std::memory_order_relaxed)) < tiles;)
+    body(t0, std::min(tiles, t0 + chunk));
+}
 
 int best_isa() {
   __builtin_cpu_init();
@@ -294,12 +384,12 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor sm, in
   check(x, K, codes, 256, isa);
   TORCH_CHECK(sm.scalar_type() == torch::kBFloat16 && sm.is_contiguous() && sm.numel() == tiles * G * 32,
               "scales in the wrong layout");
-  Activations a = quantize(x.data_ptr<float>(), x.size(0), K);
+  const Activations& a = quantize(x.data_ptr<float>(), x.size(0), K, int(isa));
   auto y = torch::empty({x.size(0), N}, x.options());
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const uint16_t* s = reinterpret_cast<const uint16_t*>(sm.data_ptr<at::BFloat16>());
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, tiles, grain(G), [&](int64_t t0, int64_t t1) {
+  for_tiles(tiles, G * 256, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) run_int4(int(isa), c, s, a, t, out, N);
   });
   return y;
@@ -310,12 +400,12 @@ torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
   check(x, K, codes, 512, isa);
   TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == N,
               "scale must be float32 [N]");
-  Activations a = quantize(x.data_ptr<float>(), x.size(0), K);
+  const Activations& a = quantize(x.data_ptr<float>(), x.size(0), K, int(isa));
   auto y = torch::empty({x.size(0), N}, x.options());
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float* s = scale.data_ptr<float>();
   float* out = y.data_ptr<float>();
-  at::parallel_for(0, tiles, grain(G), [&](int64_t t0, int64_t t1) {
+  for_tiles(tiles, G * 512, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) run_int8(int(isa), c, s, a, t, out, N);
   });
   return y;
@@ -324,10 +414,12 @@ torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
 }  // namespace
 
 torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa);  // attention.cpp
+int64_t stream_read(torch::Tensor buffer, bool wide);  // bandwidth.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
   m.def("int4_mm", &int4_mm, "y = x @ W.T, W int4 in tiles of 16 outputs (see the header)");
   m.def("int8_mm", &int8_mm, "y = x @ W.T, W int8 per channel in tiles of 16 outputs (see the header)");
+  m.def("stream_read", &stream_read, "reads a uint8 buffer once on every thread's share (the memory bandwidth probe)");
   m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");
 }

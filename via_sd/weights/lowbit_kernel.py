@@ -29,6 +29,7 @@ from .paths import cache_root
 
 SOURCE = Path(__file__).with_name("lowbit_kernel.cpp")
 ATTENTION = Path(__file__).with_name("attention.cpp")  # the fixed-order causal attention, in the same module
+BANDWIDTH = Path(__file__).with_name("bandwidth.cpp")  # the memory read probe (scripts/kernel_breakdown.py)
 ISAS = {0: "generic", 1: "AVX2", 2: "AVX-512 VNNI"}
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]  # at::parallel_for is OpenMP
 
@@ -40,7 +41,7 @@ _off: ContextVar[bool] = ContextVar("via_sd_lowbit_off", default=False)
 
 def build_dir() -> Path:
     """One folder per source, flags and torch version, under the cache."""
-    code = SOURCE.read_bytes() + ATTENTION.read_bytes()
+    code = SOURCE.read_bytes() + ATTENTION.read_bytes() + BANDWIDTH.read_bytes()
     key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
     return cache_root() / "kernels" / key
 
@@ -60,7 +61,7 @@ def _build():
         if baton.exists():
             baton.unlink()
             log.warning("removed a stale build lock %s, left by a build that was stopped midway", baton)
-        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE), str(ATTENTION)],
+        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE), str(ATTENTION), str(BANDWIDTH)],
                                   extra_cflags=FLAGS,
                                   extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
