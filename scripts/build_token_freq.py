@@ -1,7 +1,7 @@
 """Build the drafter head's token list (assets/token_freq/qwen2.json): Qwen2 token ids ranked by frequency.
 
     .venv/bin/python scripts/build_token_freq.py                       # writes the asset (about 20 s)
-    flock /tmp/viasd-heavy.lock .venv/bin/python scripts/build_token_freq.py --greedy /tmp/viasd-greedy.json
+    flock /tmp/via-sd-heavy.lock .venv/bin/python scripts/build_token_freq.py --greedy /tmp/viasd-greedy.json
     .venv/bin/python scripts/build_token_freq.py --coverage /tmp/viasd-greedy.json
 
 Two rankings, both reproducible offline, are built and compared:

@@ -98,7 +98,7 @@ HELD_OUT = Path(__file__).resolve().parent.parent / "assets" / "presets_held_out
 
 def held_out_results() -> dict:
     """Each preset's speed and agreement on the held-out prompts, which no threshold was chosen on
-    (scripts/cost_targets.py --record); {} when the file is missing or unreadable."""
+    (benchmarks/cost_targets.py --record); {} when the file is missing or unreadable."""
     try:
         return json.loads(HELD_OUT.read_text(encoding="utf-8"))
     except (OSError, ValueError):

@@ -192,14 +192,9 @@ def test_prompt_lookup_learns_from_rounds_it_did_not_draft_and_earns_long_drafts
 
 
 def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_lookup(capsys):
-    """scripts/lookup_ceiling.py (BENCHMARKS.md): the oracle's passes are the least any lookup policy spends."""
-    import importlib.util
-    from pathlib import Path
+    """benchmarks/lookup_ceiling.py (BENCHMARKS.md): the oracle's passes are the least any lookup policy spends."""
+    from benchmarks import lookup_ceiling as script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "lookup_ceiling.py"
-    spec = importlib.util.spec_from_file_location("lookup_ceiling", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     seq = [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3, 4]  # after the prompt's end (index 4) the text copies itself
 
     from via_sd.cost.model import CostProfile
@@ -211,7 +206,7 @@ def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_looku
     assert max(passes["fixed-3"], passes["ours"]) < len(seq) - 5  # and both beat AR's one pass a token
     assert passes["oracle"] == pytest.approx(1.0 + profile.V(8))  # no match yet; then the 8 remaining in one round
     assert script.main(["--preset", "random", "--prompts", "assets/prompts/copy.jsonl", "--limit", "1",
-                        "--max-new-tokens", "6", "--sweep"]) == 0
+                        "--tokens", "6", "--sweep"]) == 0
     out = capsys.readouterr().out
     fixed = f"fixed-{script.HF_LOOKUP_TOKENS}"  # by default, the bench's transformers peer
     assert "| 1 | 6 |" in out and f"median oracle / {fixed}" in out and f"median ours / {fixed}" in out

@@ -82,8 +82,8 @@ class Thresholds:
         return {"accept": float(self.accept), "escalate": float(self.escalate), "signal": self.signal}
 
 
-# Chosen on the tuning prompts (assets/prompts/tuning.jsonl, scripts/preset_sweep.py) and reported on the held-out
-# ones, which no threshold was chosen on (scripts/cost_targets.py); the figures are in BENCHMARKS.md:
+# Chosen on the tuning prompts (assets/prompts/tuning.jsonl, `python -m via_sd bench --sweep`) and reported on the held-out
+# ones, which no threshold was chosen on (benchmarks/cost_targets.py); the figures are in BENCHMARKS.md:
 # paper    = the paper's rule, the slim signal with every tier in use (the thresholds both public
 #            reimplementations use);
 # fastest  = the draft signal, no tier B: the fastest point whose agreement with the full model on the tuning

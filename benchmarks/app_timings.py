@@ -1,7 +1,7 @@
 """Measure the app's responsiveness targets in headless Chromium.
 
-    flock /tmp/viasd-heavy.lock .venv/bin/python scripts/app_timings.py              # embedded pair
-    .venv/bin/python scripts/app_timings.py --preset random                          # mechanics only
+    .venv/bin/python -m benchmarks.app_timings                     # embedded pair
+    .venv/bin/python -m benchmarks.app_timings --preset random     # mechanics only
 
 Targets (embedded pair cached on this machine, a ~40-token prompt, two runs in a row):
     page usable          within 30 s of `python app.py`    (Run button on a loaded page)
@@ -31,9 +31,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-from scripts.lowbit_memory import vm  # noqa: E402
+from benchmarks.harness import ROOT, run_main, vm  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "tests" / "browser"))
 from test_app_browser import CHROMIUM, free_port  # noqa: E402
 
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -92,13 +92,13 @@ def timed_run(page, result: dict, name: str) -> None:
     page.wait_for_selector('#status [data-kind="ok"], #status [data-kind="error"]', timeout=600_000)
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="embedded")
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--moves", type=int, default=7, help="slider moves to time")
     parser.add_argument("--out", default=str(ROOT / "artifacts" / "app_timings.json"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
     shots = ROOT / "artifacts" / "screenshots"
@@ -194,4 +194,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -3,7 +3,7 @@ to AVX2 and the fixed-order attention (as decoding runs) against ATen's own choi
 and against the other way (ATen pinned, SDPA kept, MKL pinned to its COMPATIBLE branch, the only one Intel's
 documentation promises on other vendors' CPUs).
 
-    flock /tmp/via-sd-heavy.lock .venv/bin/python scripts/code_path_cost.py --preset embedded --rounds 3
+    .venv/bin/python -m benchmarks.code_path_cost --preset embedded --rounds 3
 
 ATen's code path is fixed per process, so each round runs three child processes, pinned, native
 (VIA_SD_ATEN=native) and pinned with MKL_CBWR=COMPATIBLE, in rotating order; inside each the attention alternates between the kernel's and SDPA
@@ -20,10 +20,8 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from benchmarks.harness import ROOT, run_main
 
 
 def child(preset: str, steps: int, context: int) -> dict:
@@ -77,7 +75,7 @@ def child(preset: str, steps: int, context: int) -> dict:
         {"aten": torch.backends.cpu.get_cpu_capability()}
 
 
-def main() -> None:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", default="embedded")
     parser.add_argument("--rounds", type=int, default=3)
@@ -85,10 +83,10 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=200,
                         help="tokens cached before the steps; the prompt read's length")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(args.preset, args.steps, args.context)))
-        return
+        return 0
     rounds = []
     for r in range(args.rounds):
         row = {}
@@ -97,9 +95,9 @@ def main() -> None:
             env = dict(os.environ, VIA_SD_ATEN="native" if aten == "native" else "")
             if aten == "compatible":  # the other way: SDPA kept, MKL pinned to the one branch it promises on AMD too
                 env["MKL_CBWR"] = "COMPATIBLE"
-            out = subprocess.run([sys.executable, __file__, "--child", "--preset", args.preset, "--steps",
+            out = subprocess.run([sys.executable, "-m", "benchmarks.code_path_cost", "--child", "--preset", args.preset, "--steps",
                                   str(args.steps), "--context", str(args.context)], env=env, capture_output=True,
-                                 text=True, check=True)
+                                 text=True, check=True, cwd=ROOT)
             row[aten] = json.loads(out.stdout.strip().splitlines()[-1])
         rounds.append(row)
         print(f"round {r + 1}: " + json.dumps(row), flush=True)
@@ -117,7 +115,10 @@ def main() -> None:
         print(f"{part:<18}{statistics.median(today):>10.2f}{cells[0][0]:>22.2f}{cells[0][1]:>8.3f}"
               f"{cells[1][0]:>30.2f}{cells[1][1]:>8.3f}")
     print("(ATen paths: pinned", rounds[0]["pinned"]["aten"], "native", rounds[0]["native"]["aten"] + ")")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    if "--child" in sys.argv:  # a child of a run that holds the lock already
+        sys.exit(main(sys.argv[1:]))
+    run_main(main)

@@ -1,6 +1,6 @@
 """Per weights setting: verifier pass cost over 1 and 6 new tokens, prefill, drafter cost, agreement with fp32.
 
-    flock /tmp/via-sd-embedded.lock .venv/bin/python scripts/weights_passes.py --weights fp32,int4
+    .venv/bin/python -m benchmarks.weights_passes --weights fp32,int4
 
 Every setting's pair is loaded at once (fp32 + int4: about 11 GB), and the measurements are
 interleaved round by round, the order rotating, so the ratios to fp32 are paired (medians of
@@ -11,7 +11,7 @@ for --tokens tokens; every setting (fp32 included) then reads prompt + that cont
 forward, and we count how often its top-1 equals fp32's top-1 at the same position
 (teacher-forced top-1 agreement with fp32).
 
-    flock /tmp/viasd-heavy.lock .venv/bin/python scripts/weights_passes.py --drafter --repeat 20
+    .venv/bin/python -m benchmarks.weights_passes --drafter --repeat 20
 
 --drafter: the drafter's levers, int4, side by side in one process: one drafter step (one new token
 after a 200-token context) for the drafter as it was (separate matmuls, whole head), fused q/k/v and
@@ -20,26 +20,29 @@ as decoding runs the drafter now); each round also times one verifier
 one-token pass (as shipped, and with its matmuls fused: logits compared bit for bit), so c = drafter
 step / verifier pass is a ratio of neighbours. Then prompt reads of 40 and 200 tokens by each model,
 int4 kernel (the rule fixed in code, linears.KERNEL_RULE) vs de-quantized bf16 matmuls.
+
+    .venv/bin/python -m benchmarks.weights_passes --prompt-reads 32,128,512
+
+--prompt-reads: what the kernel rule costs a prompt read: each model (int4) reads prompts of these lengths through
+torch's int4 kernel (the rule, via_sd/weights/linears.py) and through de-quantized bf16 matmuls, paired: one JSON
+line per (length, model), the best of two reads each way, alternating, and kernel / dense (below 1: the kernel is
+faster).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from transformers import DynamicCache
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from transformers import DynamicCache  # noqa: E402
-
-from via_sd import load_pair  # noqa: E402
-from via_sd.bench.inputs import DEFAULT_PROMPTS, load_prompts  # noqa: E402
-from via_sd.weights.lean_forward import LeanDecoder  # noqa: E402
+from benchmarks.harness import parser, prompts as load, run_main
+from via_sd import load_pair
+from via_sd.bench.inputs import DEFAULT_PROMPTS
+from via_sd.weights.lean_forward import LeanDecoder
 
 
 class Passes:
@@ -52,7 +55,9 @@ class Passes:
 
     @torch.inference_mode()
     def ms(self, new: int) -> float:
-        extra = torch.randint(1000, 20000, (1, new), generator=torch.Generator().manual_seed(new))
+        vocab = self.model.config.vocab_size
+        low, high = (1000, 20000) if vocab > 20000 else (vocab // 4, vocab)  # as random_ids
+        extra = torch.randint(low, high, (1, new), generator=torch.Generator().manual_seed(new))
         start = time.perf_counter()
         self.model(extra, past_key_values=self.cache, use_cache=True, logits_to_keep=new)
         elapsed = time.perf_counter() - start
@@ -202,30 +207,47 @@ def drafter_levers(args) -> int:
     return 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--weights", default="fp32,int4,bf16")
-    parser.add_argument("--prompts", default=str(DEFAULT_PROMPTS))
-    parser.add_argument("--limit", type=int, default=4, help="prompts for the agreement")
-    parser.add_argument("--tokens", type=int, default=64, help="greedy fp32 tokens per prompt")
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--reference", default="/tmp/via-sd-fp32-continuations.json",
-                        help="fp32 continuations are cached here (reused when present)")
-    parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--drafter", action="store_true", help="the drafter's levers and prompt reads (int4)")
-    parser.add_argument("--heads", default="16384,32768", help="--drafter: N of the frequency-ranked heads")
-    args = parser.parse_args()
+def prompt_reads(args) -> int:
+    pair = load_pair(args.preset, weights=args.weights if "," not in args.weights else "int4")
+    for length in map(int, args.prompt_reads.split(",")):
+        ids = random_ids(pair, length, length)
+        for name, model in (("verifier", pair.verifier), ("drafter", pair.drafter)):
+            ms = prompt_read_ms(model, ids)
+            print(json.dumps({"prompt": length, "model": name, "kernel_ms": ms["kernel"], "dense_ms": ms["dense"],
+                              "kernel_over_dense": round(ms["kernel"] / ms["dense"], 2)}), flush=True)
+    return 0
+
+
+def random_ids(pair, length: int, seed: int) -> torch.Tensor:
+    """Token ids 1000..20000 (the embedded pair's ordinary tokens), within a smaller vocabulary's upper part."""
+    low, high = (1000, 20000) if pair.vocab_size > 20000 else (pair.vocab_size // 4, pair.vocab_size)
+    return torch.randint(low, high, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def main(argv=None) -> int:
+    ap = parser(__doc__, prompts=str(DEFAULT_PROMPTS))
+    ap.set_defaults(limit=4)  # prompts for the agreement; --tokens: greedy fp32 tokens per prompt
+    ap.add_argument("--weights", default="fp32,int4,bf16", help="settings to compare (--prompt-reads: one, else int4)")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--reference", default="/tmp/via-sd-fp32-continuations.json",
+                    help="fp32 continuations are cached here (reused when present)")
+    ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--drafter", action="store_true", help="the drafter's levers and prompt reads (int4, embedded)")
+    ap.add_argument("--heads", default="16384,32768", help="--drafter: N of the frequency-ranked heads")
+    ap.add_argument("--prompt-reads", help="lengths, e.g. 32,128,512: the kernel rule's cost of a prompt read")
+    args = ap.parse_args(argv)
     if args.drafter:
         return drafter_levers(args)
+    if args.prompt_reads:
+        return prompt_reads(args)
 
     settings = args.weights.split(",")
-    prompts = [p["prompt"] for p in load_prompts(args.prompts, limit=args.limit)]
-    context = torch.randint(1000, 20000, (1, 120), generator=torch.Generator().manual_seed(0))
-    prompt150 = torch.randint(1000, 20000, (1, 150), generator=torch.Generator().manual_seed(1))
+    prompts = [p["prompt"] for p in load(args)]
     ref_path, refs, ref_top1, rows = Path(args.reference), None, None, []
     if ref_path.is_file():
         saved = json.loads(ref_path.read_text())
-        if saved.get("prompts") == prompts and saved.get("tokens") == args.tokens:
+        if (saved.get("prompts"), saved.get("tokens"), saved.get("preset", "embedded")) == (prompts, args.tokens,
+                                                                                          args.preset):
             refs, ref_top1 = saved["refs"], saved.get("top1")
     if (refs is None or ref_top1 is None) and "fp32" not in settings:
         settings = ["fp32", *settings]
@@ -233,14 +255,16 @@ def main() -> int:
     pairs, load_s = {}, {}
     for weights in settings:  # all loaded at once, so every measurement below is interleaved (paired)
         t0 = time.perf_counter()
-        pairs[weights] = load_pair("embedded", weights=weights, route="none")
+        pairs[weights] = load_pair(args.preset, weights=weights, route="none")
         load_s[weights] = round(time.perf_counter() - t0, 1)
+    context, prompt150 = random_ids(pairs[settings[0]], 120, 0), random_ids(pairs[settings[0]], 150, 1)
     if refs is None:  # fp32 defines the reference continuations
         refs = [(ids, continuation(pairs["fp32"].verifier, ids, args.tokens)) for ids in map(pairs["fp32"].encode, prompts)]
     top = {w: top1(pair.verifier, refs) for w, pair in pairs.items()}
     if "fp32" in top:  # compared with fp32's own teacher-forced top-1 (not the generated text, which
         ref_top1 = top["fp32"]  # min_new_tokens keeps from ending where fp32 would stop)
-        ref_path.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens, "refs": refs, "top1": ref_top1}))
+        ref_path.write_text(json.dumps({"prompts": prompts, "tokens": args.tokens, "preset": args.preset, "refs": refs,
+                                        "top1": ref_top1}))
     passes = {w: {"verifier": Passes(p.verifier, context), "drafter": Passes(p.drafter, context)} for w, p in pairs.items()}
     kinds = {"verify1_ms": ("verifier", 1), "verify6_ms": ("verifier", 6), "drafter1_ms": ("drafter", 1)}
     times = {w: {k: [] for k in [*kinds, "prefill150_ms"]} for w in pairs}
@@ -277,4 +301,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

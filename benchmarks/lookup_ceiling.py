@@ -15,27 +15,21 @@ Prints, per prompt and over all of them, each policy's tokens per pass and oracl
 without and with the prompt read (the same for every policy, from the profile). `assets/prompts/copy-tune.jsonl`
 is a second set of copy prompts to try policies on, so that `copy.jsonl` can report them.
 
-    .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy.jsonl --max-new-tokens 96
-    .venv/bin/python scripts/lookup_ceiling.py --prompts assets/prompts/copy-tune.jsonl --max-new-tokens 96 --sweep
-    .venv/bin/python scripts/lookup_ceiling.py --preset random --limit 2 --max-new-tokens 8
+    .venv/bin/python -m benchmarks.lookup_ceiling --prompts assets/prompts/copy.jsonl --tokens 96
+    .venv/bin/python -m benchmarks.lookup_ceiling --prompts assets/prompts/copy-tune.jsonl --tokens 96 --sweep
+    .venv/bin/python -m benchmarks.lookup_ceiling --preset random --limit 2 --tokens 8
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-
-from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
-from via_sd.core.lookup import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup  # noqa: E402
-from via_sd.core.proposal import Outcome  # noqa: E402
-from via_sd.bench.hf import HF_LOOKUP_TOKENS  # noqa: E402
-from via_sd.cost.model import RoundCost  # noqa: E402
+from benchmarks.harness import parser, prompts, run_main
+from via_sd import DecodeConfig, generate, load_pair
+from via_sd.bench.hf import HF_LOOKUP_TOKENS
+from via_sd.core.lookup import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup
+from via_sd.core.proposal import Outcome
+from via_sd.cost.model import RoundCost
 
 
 def kept_at(seq: list[int], i: int) -> tuple[int, int]:
@@ -87,11 +81,7 @@ def ours(seq: list[int], start: int, profile) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="embedded")
-    ap.add_argument("--prompts", default="assets/prompts/copy.jsonl")
-    ap.add_argument("--limit", type=int, default=0, help="the first N prompts only")
-    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap = parser(__doc__, prompts="assets/prompts/copy.jsonl", tokens=96)
     ap.add_argument("--fixed", type=int, default=HF_LOOKUP_TOKENS,
                     help="the fixed policy's draft length (default: the bench's transformers peer, hf-lookup)")
     ap.add_argument("--sweep", action="store_true",
@@ -99,16 +89,15 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     pair = load_pair(args.preset)
     profile = pair.costs
-    prompts = [json.loads(line)["prompt"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    prompts = prompts[:args.limit] if args.limit else prompts
     fixed = f"fixed-{args.fixed}"
     print(f"{pair.describe()['verifier']}: V(2..6) = " + " / ".join(f"{profile.V(k):.2f}" for k in range(2, 7)))
     print(f"\n| prompt | tokens | AR passes | {fixed} tokens/pass | ours | oracle | ours / {fixed} | "
           f"oracle / {fixed} | both, with the prompt read |")
     print("|---|---|---|---|---|---|---|---|---|")
     gains, gains_read, mine, mine_read, runs = [], [], [], [], []
-    for n, prompt in enumerate(prompts, 1):
-        trace = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=args.max_new_tokens))
+    for n, item in enumerate(prompts(args), 1):
+        prompt = item["prompt"]
+        trace = generate(pair, prompt, "ar", DecodeConfig(max_new_tokens=args.tokens))
         prompt_ids = pair.encode(prompt, chat=True)
         seq = prompt_ids + trace.token_ids
         at = matches(seq, len(prompt_ids))
@@ -139,7 +128,7 @@ def main(argv=None) -> int:
 def sweep(runs: list, profile, fixed: str) -> None:
     """Other policies against the fixed one, median over the prompts with the prompt read: the engine's lookup with
     each proven window (the least draft limit once the answer has copied) and fixed lookups of 3 to 6 tokens."""
-    import via_sd.core.lookup as drafters
+    import via_sd.core.lookup as lookup_module
 
     def line(name, spend):
         ratios = [(read + base) / (read + spend(seq, start, at)) for seq, start, read, base, at in runs]
@@ -147,17 +136,17 @@ def sweep(runs: list, profile, fixed: str) -> None:
               f"{statistics.geometric_mean(ratios):.3f}× (geo-mean)")
 
     print()
-    default = drafters.LOOKUP_PROVEN_WINDOW
+    default = lookup_module.LOOKUP_PROVEN_WINDOW
     try:
         for window in (default, 4, 6, 8, 10):
-            drafters.LOOKUP_PROVEN_WINDOW = window
+            lookup_module.LOOKUP_PROVEN_WINDOW = window
             name = f"ours, proven window {window}" + (" (the engine's)" if window == default else "")
             line(name, lambda s, i, _: ours(s, i, profile))
     finally:
-        drafters.LOOKUP_PROVEN_WINDOW = default
+        lookup_module.LOOKUP_PROVEN_WINDOW = default
     for n in (3, 4, 5, 6):
         line(f"fixed-{n}", lambda s, i, at, n=n: fixed_passes(at, i, len(s), profile, n))
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_main(main)
