@@ -21,7 +21,8 @@ from .heads import FrequentHead, LowbitEmbedding, RescoredHead
 from .linears import GROUP, Int4Linear, Int8Linear, int4_shape_ok, int8_shape_ok, quantize_int4
 
 # the drafter head's tokens: c 0.373 (N 32768: 0.367, 65536: 0.41; whole head 0.439), 0.951 of the
-# verifier's greedy tokens in it (32768: 0.909); scripts/weights_passes.py --drafter, build_token_freq.py --coverage
+# verifier's greedy tokens in it (32768: 0.909); benchmarks/weights_passes.py --drafter,
+# scripts/build_token_freq.py --coverage
 FREQUENT = 49152
 TOKEN_FREQ = Path(__file__).resolve().parents[2] / "assets" / "token_freq" / "qwen2.json"
 

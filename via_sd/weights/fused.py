@@ -7,7 +7,7 @@ slices of that output (the same tensor object in means the same rows; anything e
 thread its own: threads running one model at once never read each other's output.
 torch's int4 kernel computes every output feature on its own, so the slices are bit for bit what
 the separate layers give (tests/test_lowbit.py). Small matrices run far below the bandwidth large
-ones reach, so one call instead of three (or two) is cheaper: measured in scripts/weights_passes.py.
+ones reach, so one call instead of three (or two) is cheaper: measured in benchmarks/weights_passes.py.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ over the model's own modules, and a KV cache of preallocated buffers.
 Why: a drafter step is ~100 small int4 matmuls and, around them, per layer, what a general forward does
 for every model (a cache object that concatenates on every update, mask building, attention dispatch,
 dtype round trips, hooks). On the embedded 0.5B drafter that machinery was about a third of a step
-(`scripts/weights_passes.py --drafter`, torch.profiler: 970 int4 calls were 67% of the CPU time of ten
+(`benchmarks/weights_passes.py --drafter`, torch.profiler: 970 int4 calls were 67% of the CPU time of ten
 steps). Here a layer is ~25 tensor operations: RMSNorm (torch.rms_norm), the fused q/k/v matmul, rotary
 embedding, a write into the cache buffers, one fixed-order attention call (row_attention.py), o_proj, RMSNorm, the
 fused gate/up matmul, SiLU-gate, down_proj.

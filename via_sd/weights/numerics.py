@@ -26,7 +26,7 @@ class CodePathError(RuntimeError):
 
 def pin() -> None:
     """Sets ATen's code path for this process (and its children) before torch's first CPU operation.
-    VIA_SD_ATEN=native leaves ATen its own choice: only to measure what the pin costs (scripts/code_path_cost.py);
+    VIA_SD_ATEN=native leaves ATen its own choice: only to measure what the pin costs (benchmarks/code_path_cost.py);
     the numbers then depend on the machine."""
     if os.environ.get("VIA_SD_ATEN") == "native":
         return
