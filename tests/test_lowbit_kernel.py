@@ -99,3 +99,15 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
     assert "GOP/s" in out and "| attention (rope, cache, SDPA) |" in out
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out
+
+
+def test_the_bandwidth_probe_reads_every_byte_of_every_threads_share():
+    """bandwidth.cpp's loads feed its checksum, so none can be dropped: one byte set anywhere (either thread's
+    share) changes it, at each load width this CPU runs."""
+    kernel, buffer = lowbit_kernel.module(), torch.zeros(1 << 20, dtype=torch.uint8)
+    for wide in [False, True][: 1 + (lowbit_kernel.isa() == 2)]:
+        assert kernel.stream_read(buffer, wide) == 0
+        for at in (0, (1 << 19) + 77, (1 << 20) - 1):
+            buffer[at] = 0x10
+            assert kernel.stream_read(buffer, wide) != 0, (wide, at)
+            buffer[at] = 0
