@@ -109,3 +109,21 @@ def test_app_timings_measures_the_page_on_the_random_pair(tmp_path):
     out = tmp_path / "timings.json"
     app_timings.main(["--preset", "random", "--max-new-tokens", "8", "--moves", "2", "--out", str(out)])
     assert json.loads(out.read_text())["first_pending_s"] is not None
+
+
+def test_the_trace_parity_script_finds_equal_runs_equal_and_names_a_changed_field(tmp_path, capsys):
+    """scripts/trace_parity.py: what proved the engine's refactors changed no token, trace or event."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("trace_parity", ROOT / "scripts" / "trace_parity.py")
+    parity = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(parity)
+    parity.record(tmp_path / "a", False, limit=3)
+    parity.record(tmp_path / "b", False, limit=3)
+    assert parity.compare(tmp_path / "a", tmp_path / "b") == 0
+    traces = json.loads((tmp_path / "b" / "random.json").read_text())
+    traces[1]["rounds"][0]["gamma"] += 1
+    traces[2]["wall_ms"] = -1.0  # a timing field: never compared
+    (tmp_path / "b" / "random.json").write_text(json.dumps(traces))
+    assert parity.compare(tmp_path / "a", tmp_path / "b") == 1
+    assert "random.json[1].rounds[0].gamma:" in capsys.readouterr().out
