@@ -239,7 +239,7 @@ class Models:
             # the kernel is compiled (first start) or opened meanwhile: a compiler and ninja in their own processes,
             # while this thread unpacks; whatever needs it next waits on lowbit_kernel's lock
             kernel = threading.Thread(target=lowbit_kernel.module, name="kernel", daemon=True)
-            if not str(PRESETS[preset]["drafter"]).startswith("random:") and \
+            if not str(spec_of(preset)["drafter"]).startswith("random:") and \
                     resolve_weights("auto", default_device()) == "int4":  # a GPU's bf16 needs no CPU kernel
                 kernel.start()
             try:
