@@ -113,12 +113,12 @@ def rest(http: httpx.Client, api_name: str, data: list, session_hash: str):
 
 def test_the_trace_gate_refuses_the_worst_texts_at_the_size_limit_in_under_a_second():
     for name, text in WORST.items():
-        start = time.perf_counter()
+        start = time.thread_time()  # this thread's CPU time: what the gate costs, whatever else the machine runs
         try:
             parse_json(text)
         except TraceError:
             pass
-        assert time.perf_counter() - start < 1.0, name
+        assert time.thread_time() - start < 1.0, name
     assert json_depth('{"a": "[[[[{{{{", "b": [{"c": "\\"["}]}') == 3
     assert json_depth('["\\\\", [["\\\\\\"]"]]]') == 3  # an escaped backslash ends no string; an escaped quote does
 
