@@ -111,3 +111,17 @@ def test_the_bandwidth_probe_reads_every_byte_of_every_threads_share():
             buffer[at] = 0x10
             assert kernel.stream_read(buffer, wide) != 0, (wide, at)
             buffer[at] = 0
+
+
+def test_a_call_too_large_for_the_kept_buffer_gives_each_row_its_own_bits():
+    """Above 4M activation values (a long prompt) a call quantizes into a buffer of its own, in parallel; each row
+    still gets the bits it gets alone (kept buffer), on every path."""
+    _, int4, int8 = _layers(32, 32)
+    x = torch.randn((1 << 17) + 9, 32, generator=torch.Generator().manual_seed(3))
+    some = [0, 1, 70000, x.shape[0] - 1]
+    for path in range(lowbit_kernel.isa() + 1):
+        y4 = lowbit_kernel.int4_mm(x, int4.packed, int4.scales, path)
+        y8 = lowbit_kernel.int8_mm(x, int8.weight, int8.scale, path)
+        for r in some:
+            assert torch.equal(y4[r], lowbit_kernel.int4_mm(x[r:r + 1].contiguous(), int4.packed, int4.scales, 0)[0])
+            assert torch.equal(y8[r], lowbit_kernel.int8_mm(x[r:r + 1].contiguous(), int8.weight, int8.scale, 0)[0])

@@ -132,9 +132,9 @@ AVX512_TARGET inline void quantize_avx512(const float* v, int8_t* q, float& sa, 
   sa = amax / 127.f;
 }
 
-const Activations& quantize(const float* x, int64_t M, int64_t K, int isa) {
-  thread_local Activations mine;
-  Activations& a = mine;  // a lambda names a thread_local as the running thread's own: workers write the caller's
+constexpr int64_t KEPT = 1 << 22;  // activations a thread keeps between calls (decoding and verifying); larger are freed
+
+void quantize(const float* x, int64_t M, int64_t K, int isa, Activations& a) {  // a: the caller's, filled by workers
   a.M = M, a.K = K, a.G = K / GROUP;
   if (int64_t(a.q.size()) < M * K) a.q.resize(M * K);
   if (int64_t(a.sa.size()) < M * a.G) a.sa.resize(M * a.G), a.b.resize(M * a.G), a.sum.resize(M * a.G);
@@ -152,7 +152,12 @@ const Activations& quantize(const float* x, int64_t M, int64_t K, int isa) {
   };
   if (M * K < (1 << 18)) rows(0, M);  // a parallel region costs more than quantizing a few rows
   else at::parallel_for(0, M, std::max<int64_t>(1, (1 << 18) / K), rows);
-  return a;
+}
+
+// The buffer a call quantizes into: the thread's own, reused, up to KEPT values; a long prompt's, freed after it.
+Activations& buffer(int64_t values, Activations& once) {
+  thread_local Activations kept;
+  return values <= KEPT ? kept : once;
 }
 
 inline int32_t quad(const int8_t* q, int j) {  // four activation codes as one int32, for a broadcast
@@ -384,7 +389,8 @@ torch::Tensor int4_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor sm, in
   check(x, K, codes, 256, isa);
   TORCH_CHECK(sm.scalar_type() == torch::kBFloat16 && sm.is_contiguous() && sm.numel() == tiles * G * 32,
               "scales in the wrong layout");
-  const Activations& a = quantize(x.data_ptr<float>(), x.size(0), K, int(isa));
+  Activations once, &a = buffer(x.size(0) * K, once);
+  quantize(x.data_ptr<float>(), x.size(0), K, int(isa), a);
   auto y = torch::empty({x.size(0), N}, x.options());
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const uint16_t* s = reinterpret_cast<const uint16_t*>(sm.data_ptr<at::BFloat16>());
@@ -400,7 +406,8 @@ torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale,
   check(x, K, codes, 512, isa);
   TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == N,
               "scale must be float32 [N]");
-  const Activations& a = quantize(x.data_ptr<float>(), x.size(0), K, int(isa));
+  Activations once, &a = buffer(x.size(0) * K, once);
+  quantize(x.data_ptr<float>(), x.size(0), K, int(isa), a);
   auto y = torch::empty({x.size(0), N}, x.options());
   const uint8_t* c = codes.data_ptr<uint8_t>();
   const float* s = scale.data_ptr<float>();
