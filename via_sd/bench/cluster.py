@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections import deque
 from pathlib import Path
 
@@ -20,7 +21,8 @@ INSTALL = "pip install -r requirements-cluster.txt"
 ROOT = Path(__file__).resolve().parents[2]
 PASSED_ON = ("VIA_SD_CACHE", "HF_HUB_OFFLINE", "HF_HOME")  # the driver's settings the workers share
 IN_FLIGHT = 2  # groups handed to a worker at once: the next waits in its queue, so it never idles between two
-READY_TIMEOUT_S = 900
+READY_TIMEOUT_S = 900  # the first worker: a big pair loads slowly
+MIN_WAIT_S = 60  # the others, at least: three times the first's start, then they are let go
 
 
 def ray_missing() -> str | None:
@@ -106,30 +108,42 @@ class Cluster:
             return Worker(handle, f"w{k}", node["NodeManagerAddress"])
 
         self.report(f"cluster: {self.where}, {len(nodes)} node(s): loading the pair on a first worker", 0.0)
-        first = launch(nodes[0], 0, None)
-        first.info = self._ready([first])[0]
+        began = time.monotonic()
+        self.workers = self._ready([launch(nodes[0], 0, None)], READY_TIMEOUT_S)
+        if not self.workers:
+            raise RuntimeError(f"the first cluster worker did not load the pair within {READY_TIMEOUT_S} s (no node "
+                               "has room for it, or the load failed there: see above)")
+        first, waited = self.workers[0], max(3 * (time.monotonic() - began), MIN_WAIT_S)
         plan = [(node, *workers_per_node(node["Resources"], first.info["memory_mb"])) for node in nodes]
-        self.workers = [first]
         ray.get(first.handle.set_threads.remote(plan[0][2]))
+        more = []
         for node, count, threads in plan:
             for _ in range(count - (node is nodes[0])):
-                if self.max_workers is None or len(self.workers) < self.max_workers:
-                    self.workers.append(launch(node, len(self.workers), threads))
-        for w, info in zip(self.workers[1:], self._ready(self.workers[1:])):
-            w.info = info
+                if self.max_workers is None or 1 + len(more) < self.max_workers:
+                    more.append(launch(node, 1 + len(more), threads))
+        self.workers += self._ready(more, waited)  # ones that find no room (a busy cluster) are let go
         self.report(f"cluster: {len(self.workers)} worker(s) on {len(nodes)} node(s), the pair takes "
                     f"{first.info['memory_mb']:.0f} MiB each", 0.0)
         return self.workers
 
-    def _ready(self, workers: list[Worker]) -> list[dict]:
+    def _ready(self, workers: list[Worker], timeout: float) -> list[Worker]:
+        """The workers that loaded their pair within `timeout` s (their `info` set); the others are let go."""
         import ray
+        from ray.exceptions import RayActorError
 
-        refs = [w.handle.info.remote() for w in workers]
-        ready, waiting = ray.wait(refs, num_returns=len(refs), timeout=READY_TIMEOUT_S)
+        refs = {w.handle.info.remote(): w for w in workers}
+        ready, waiting = ray.wait(list(refs), num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        for ref in ready:
+            try:
+                refs[ref].info = ray.get(ref)
+            except RayActorError as err:
+                print(f"cluster: worker {refs[ref].name} could not load the pair: {err}", file=sys.stderr, flush=True)
+        for ref in waiting:
+            ray.kill(refs[ref].handle)
         if waiting:
-            raise RuntimeError(f"{len(waiting)} of {len(refs)} cluster workers did not start within "
-                               f"{READY_TIMEOUT_S} s (no node has room, or the pair does not load there)")
-        return ray.get(refs)
+            print(f"cluster: {len(waiting)} worker(s) found no room within {timeout:.0f} s: running on the others",
+                  file=sys.stderr, flush=True)
+        return [w for w in workers if w.info]
 
     def map(self, jobs: list, method: str, args_of, on_result, stop=None) -> bool:
         """Calls the workers' `method(*args_of(job))` for every job, on the live workers, each result to
