@@ -161,10 +161,11 @@ class Cluster:
                 for ref in flight:  # queued groups never start; a running one ends where Ray can stop it
                     ray.cancel(ref)
                 return True
-            for w in live:  # top every live worker up to IN_FLIGHT jobs
-                while queue and sum(f[0] is w for f in flight.values()) < IN_FLIGHT:
-                    k = queue.popleft()
-                    flight[getattr(w.handle, method).remote(*args_of(jobs[k]))] = (w, k)
+            for depth in range(IN_FLIGHT):  # every live worker one job deeper in turn, up to IN_FLIGHT each
+                for w in live:
+                    if queue and sum(f[0] is w for f in flight.values()) <= depth:
+                        k = queue.popleft()
+                        flight[getattr(w.handle, method).remote(*args_of(jobs[k]))] = (w, k)
             if not live:
                 raise RuntimeError(f"every cluster worker died ({', '.join(self.lost)}); "
                                    f"{len(queue)} job(s) left: run the same command again to resume")
