@@ -37,7 +37,7 @@ import torch
 
 from .cached import CachedModel, Clock, drafter_cache
 from ..cost.model import MAX_ROWS, PROMPT_LENGTHS, CostProfile
-from ..cost.refine import Evidence, keep_honest
+from ..cost.refine import Evidence, keep_honest, non_decreasing
 from ..weights.paths import cache_root
 from .progressive import ProgressiveVerifier
 
@@ -210,19 +210,6 @@ def _fill(measured: dict[int, float], rows: int) -> list[float]:
     return out
 
 
-def _non_decreasing(values) -> tuple:
-    """More rows never cost less: the closest non-decreasing curve (pool-adjacent-violators), so a dip or a
-    spike of noise is averaged with its neighbours instead of carried forward."""
-    blocks = []  # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return tuple(total / count for total, count in blocks for _ in range(count))
-
-
 @torch.inference_mode()
 def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     """Times every pass the cost model prices (about a minute for the embedded pair on 2 CPU cores).
@@ -289,10 +276,10 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     ms = {p: statistics.median(t) for p, t in times.items()}
 
     def curve(kind, rows):
-        return _non_decreasing(_fill({k: ms[(kind, k)] for k in rows}, max(rows)))
+        return non_decreasing(_fill({k: ms[(kind, k)] for k in rows}, max(rows)))
 
-    prompt_ms = {name: dict(zip(PROMPT_LENGTHS, _non_decreasing(ms[(name, n)] for n in PROMPT_LENGTHS)))
+    prompt_ms = {name: dict(zip(PROMPT_LENGTHS, non_decreasing(ms[(name, n)] for n in PROMPT_LENGTHS)))
                  for name in ("drafter", "slim", "full")}
-    draft_ms = _non_decreasing(statistics.median(ratios[k]) * ms[("verify", 1)] for k in drafts)
+    draft_ms = non_decreasing(statistics.median(ratios[k]) * ms[("verify", 1)] for k in drafts)
     return CostProfile(curve("verify", ROWS), curve("slim", ROWS), curve("resume", ROWS), draft_ms,
                        prompt_ms, key or profile_key(pair))

@@ -82,7 +82,7 @@ class Evidence:
             for k, old in enumerate(getattr(profile, curve), start=1):
                 passes = self.passes.get((curve, k), ())
                 values.append(statistics.median(ms for _, ms in passes) if len(passes) >= AT_LEAST else old * scale)
-            fields[curve] = _non_decreasing(values)
+            fields[curve] = non_decreasing(values)
         fields["prompt_ms"] = self._prompts(profile)
         return replace(profile, source=source, **fields)
 
@@ -97,8 +97,9 @@ class Evidence:
         return out
 
 
-def _non_decreasing(values: list[float]) -> tuple:
-    """More rows never cost less: the closest non-decreasing curve (pool-adjacent-violators)."""
+def non_decreasing(values) -> tuple:
+    """More rows never cost less: the closest non-decreasing curve (pool-adjacent-violators), so a dip or a
+    spike of noise is averaged with its neighbours instead of carried forward."""
     blocks: list[list[float]] = []  # [sum, count]
     for v in values:
         blocks.append([v, 1])
