@@ -4,9 +4,10 @@ Prints, for the pair's verifier in int4 weights:
   1. the machine's roofline: memory read bandwidth (every thread streaming its share of a 1 GiB buffer through
      vector loads, as a memory benchmark reads: bandwidth.cpp), the low-bit kernel's integer peak on a
      cache-resident layer, torch's fp32 matmul peak;
-  2. one-token decoding steps after a prompt, by part: each low-bit linear shape (calls, ms a call, the bytes it
-     reads, the rate it reads them at and its share of the bandwidth), attention, the head's exact re-scoring,
-     everything else, the linears together and the bytes a step reads;
+  2. one-token decoding steps after a prompt, run as the decoders run them (core.cached.model_cache: the lean forward
+     on the kernel), by part: each low-bit linear shape (calls, ms a call, the bytes it reads, the rate it reads
+     them at and its share of the bandwidth), attention (with its norm, rope and cache writes), the head's exact
+     re-scoring, everything else, the linears together and the bytes a step reads;
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
   4. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
      kernel, then for torch's (the pair built again with lowbit_kernel.off()).
@@ -30,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from via_sd import load_pair  # noqa: E402
+from via_sd.core.cached import model_cache  # noqa: E402
 from via_sd.weights import lowbit_kernel  # noqa: E402
 from via_sd.weights.heads import RescoredHead  # noqa: E402
 from via_sd.weights.linears import Int4Linear, Int8Linear, kernel_rule  # noqa: E402
@@ -92,18 +94,35 @@ def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
     return [f"{n}x{k} int4, {size / 1e6:.1f} MB; one row reads at: {rates}", "", *table]
 
 
-class PartTimer:
-    """Exclusive time per part of a forward: low-bit linears by shape, attention, head re-scoring, the rest."""
+ATTENTION = "attention (norm, rope, cache, fixed-order attention)"
+REST = "everything else (MLP norm and act, residuals, embedding, Python)"
 
-    def __init__(self, model):
+
+class PartTimer:
+    """Exclusive time per part of a step: low-bit linears by shape, attention, head re-scoring, the rest. `cached`
+    (what model_cache made): the lean forward's attention sub-layer is timed through its method, transformers' through
+    its attention modules."""
+
+    def __init__(self, model, cached):
         self.totals, self.calls, self.stack, self.bytes = defaultdict(float), defaultdict(int), [], {}
         for module in model.modules():
             part = self.part_of(module)
             if part:
                 module.register_forward_pre_hook(lambda m, args, part=part: self.enter(part))
                 module.register_forward_hook(lambda m, args, out: self.leave())
-        model.register_forward_pre_hook(lambda m, args: self.enter("everything else (norms, MLP act, Python)"))
-        model.register_forward_hook(lambda m, args, out: self.leave())
+        net = getattr(cached, "net", None)
+        if net is not None:
+            net._attend = self.timed(net._attend, ATTENTION)
+        cached.logits = self.timed(cached.logits, REST)
+
+    def timed(self, method, part):
+        def run(*args, **kwargs):
+            self.enter(part)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.leave()
+        return run
 
     def part_of(self, module) -> str | None:
         if isinstance(module, (Int4Linear, Int8Linear)):
@@ -114,7 +133,7 @@ class PartTimer:
         if isinstance(module, RescoredHead):
             return "head: exact re-scoring of the best 16"
         if type(module).__name__.endswith("Attention"):
-            return "attention (rope, cache, SDPA)"
+            return ATTENTION
         return None
 
     def enter(self, part):
@@ -133,18 +152,15 @@ class PartTimer:
 
 
 def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
-    model = pair.verifier
-    ids = torch.tensor([pair.encode("Write a function that merges two sorted lists, and explain it.")])
-    timer = PartTimer(model)
-    with torch.inference_mode():
-        out = model(ids, use_cache=True)
-        token, cache = out.logits[:, -1:].argmax(-1), out.past_key_values
-        timer.reset()
-        start = time.perf_counter()
-        for _ in range(steps):
-            out = model(token, past_key_values=cache, use_cache=True)
-            token = out.logits[:, -1:].argmax(-1)
-        total = (time.perf_counter() - start) / steps
+    seq = pair.encode("Write a function that merges two sorted lists, and explain it.")
+    cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")
+    timer = PartTimer(pair.verifier, cached)
+    seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
+    timer.reset()
+    start = time.perf_counter()
+    for _ in range(steps):
+        seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
+    total = (time.perf_counter() - start) / steps
     share = (lambda rate: f"{rate / bandwidth:.0%}") if bandwidth else (lambda rate: "")
     rows = ["| part | calls a step | ms a step | share | ms a call | MB a call | GB/s | of bandwidth |",
             "|---|---|---|---|---|---|---|---|"]
@@ -167,16 +183,16 @@ def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
 def verify_curve(pair, context: int, rows: list[int]) -> dict[int, float]:
     """verify(k) of the pair's verifier after `context` tokens: medians of 5 sweeps over the row counts."""
     text = "Speculative decoding drafts tokens cheaply and verifies them in one pass of the large model. " * 64
-    ids = torch.tensor([pair.encode(text, chat=False)[:context + max(rows)]])
+    seq = pair.encode(text, chat=False)[:context + max(rows)]
     times = defaultdict(list)
-    with torch.inference_mode():
-        cache = pair.verifier(ids[:, :context], use_cache=True).past_key_values
-        for _ in range(5):
-            for k in rows:
-                def one_pass():
-                    pair.verifier(ids[:, context:context + k], past_key_values=cache, use_cache=True)
-                    cache.crop(-k)
-                times[k].append(best_of(one_pass, 1))
+    cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")  # as the decoders verify
+    cached.logits(seq, context, 1)
+    for _ in range(5):
+        for k in rows:
+            def one_pass():
+                cached.logits(seq, context + k, k)
+                cached.rollback(context)
+            times[k].append(best_of(one_pass, 1))
     return {k: statistics.median(v) for k, v in times.items()}
 
 

@@ -71,7 +71,7 @@ def test_the_cache_grows_past_its_first_capacity_and_keeps_what_it_held():
     ref, lean = CachedModel(model, 128, "cpu", "cpu"), LeanDecoder(model, 128, "cpu", "cpu")
     for upto, keep in [(200, 1), (255, 1), (257, 2), (600, 1)]:  # 256 rows at first, then 512, then 1024
         torch.testing.assert_close(lean.logits(seq, upto, keep), ref.logits(seq, upto, keep), atol=1e-4, rtol=0)
-    assert lean.keys[0].shape[2] == 1024
+    assert lean.cache.keys[0].shape[1] == 1024
 
 
 def test_models_it_cannot_run_keep_transformers_forward():

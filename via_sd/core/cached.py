@@ -1,6 +1,8 @@
 """A model with its own KV cache, fed lazily, and a clock that is true on a GPU.
 
-`CachedModel` wraps anything callable like a HF causal LM; `Reader` wraps a CachedModel or one view
+`CachedModel` wraps anything callable like a HF causal LM; `LeanDecoder` runs a Llama / Qwen2 decoder (full, or with
+a route's sub-layers skipped) through the lean forward (weights/lean_forward.py), with the same interface, and
+`model_cache` / `drafter_cache` pick one; `Reader` wraps a CachedModel or one view
 of a ProgressiveVerifier (progressive.py) and is what the decoders call: it reads the prompt in a call
 of its own before anything past it (as AR's first call does), so every later position is fed as a
 pass that extends a cache (with row attention, bit for bit what one-token steps compute: greedy SD
@@ -21,7 +23,7 @@ import torch
 from transformers import DynamicCache
 
 from ..weights.heads import HeadContext, using_context
-from ..weights.lean_forward import LeanDecoder, supports
+from ..weights.lean_forward import LeanDecoder, LeanNet, exact, supports
 from ..weights.row_attention import reading_prompt
 
 
@@ -128,5 +130,17 @@ class Reader:
 def drafter_cache(model, vocab_size: int, input_device, output_device):
     """The drafter's cached model: the lean forward (weights/lean_forward.py) when it supports the model, else
     transformers' forward."""
-    cls = LeanDecoder if supports(model) else CachedModel
-    return cls(model, vocab_size, input_device, output_device)
+    if supports(model):
+        return LeanDecoder(model, vocab_size, input_device, output_device)
+    return CachedModel(model, vocab_size, input_device, output_device)
+
+
+def model_cache(model, vocab_size: int, input_device, output_device):
+    """A verifier's cached model: `model` (a HF causal LM, or a routing.SlimVerifier: its route's sub-layers skipped)
+    through the lean forward where that gives its own forward's bits (its linears on the project's kernel), else
+    through its own forward."""
+    slim = hasattr(model, "skip_set")
+    net = model.lean if slim else (LeanNet(model) if exact(model) else None)
+    if net is None:
+        return CachedModel(model, vocab_size, input_device, output_device)
+    return LeanDecoder(net, vocab_size, input_device, output_device, model.skip_set if slim else (), not slim)

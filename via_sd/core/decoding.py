@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterator
 
 from ..cost.model import RoundCost, call_ms
-from .cached import CachedModel, Clock, Reader, drafter_cache
+from .cached import Clock, Reader, drafter_cache, model_cache
 from .config import DecodeConfig
 from .drafters import check_signal, describe, exit_caches, make_drafter
 from .pair import ModelPair
@@ -42,11 +42,11 @@ from .trace import Tally, Trace
 METHODS = ("ar", "sd", "via")
 
 
-def verifier_cache(pair: ModelPair, prompt_ids: list[int], reuse_opening: bool = True) -> CachedModel:
+def verifier_cache(pair: ModelPair, prompt_ids: list[int], reuse_opening: bool = True):
     """The full verifier with a KV cache of its own (logits on the drafter's device), started from the pair's read
     chat opening unless `reuse_opening` is False: what the decoders verify with, and fidelity scores with."""
     def fresh():
-        return CachedModel(pair.verifier, pair.vocab_size, pair.slim.device, pair.drafter.device)
+        return model_cache(pair.verifier, pair.vocab_size, pair.slim.device, pair.drafter.device)
 
     return pair.openings.start("full", fresh, prompt_ids) if reuse_opening else fresh()
 
@@ -86,7 +86,7 @@ def open_caches(pair: ModelPair, config: DecodeConfig, method: str, prompt_ids: 
             pair.slim, vocab, device, slim_cache=config.slim_cache))
         slim, full = verifiers.view("slim"), verifiers.view("full")
     else:
-        slim = start(("slim", route), lambda: CachedModel(pair.slim, vocab, pair.slim.device, device))
+        slim = start(("slim", route), lambda: model_cache(pair.slim, vocab, pair.slim.device, device))
         full = full or verifier_cache(pair, prompt_ids, config.reuse_opening)
     opening = min(m.seen for m in (drafter, slim, full))
     calls, n = [], len(prompt_ids)

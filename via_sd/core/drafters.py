@@ -156,11 +156,11 @@ def describe(config, pair) -> str:
 def exit_caches(pair, config, method: str, start, device):
     """(the early-exit drafter's cache, the full verifier's cache or None): in SD one network split at the exit,
     its two views; in VIA-SD (whose verifiers share their own trunk) a cache of the exit's own."""
-    from .cached import CachedModel
+    from .cached import model_cache
 
     layer, vocab = exit_layer_of(config, pair.verifier), pair.vocab_size
     if method == "sd":
         both = start(("early-exit", layer), lambda: early_exit_verifier(pair.verifier, layer, vocab, device))
         return both.view("slim"), both.view("full")
     net = EarlyExitNet(pair.verifier, layer)
-    return start(("early-exit-own", layer), lambda: CachedModel(net, vocab, net.device, device)), None
+    return start(("early-exit-own", layer), lambda: model_cache(net, vocab, net.device, device)), None

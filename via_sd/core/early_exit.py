@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from .cached import CachedModel, Clock
+from .cached import Clock, model_cache
 from .profile import CONTEXT, profile_key, profile_path
 from .progressive import ProgressiveVerifier
 from .routing import Route, SlimVerifier
@@ -88,9 +88,9 @@ def exit_draft_ms(pair, layer: int, refresh: bool = False) -> tuple:
 def measure_exit(pair, layer: int) -> tuple:
     clock, vocab, out = Clock(pair.device), pair.vocab_size, pair.drafter.device
     seq = torch.randint(0, vocab, (CONTEXT + 8,), generator=torch.Generator().manual_seed(0)).tolist()
-    full = CachedModel(pair.verifier, vocab, out, out)
+    full = model_cache(pair.verifier, vocab, out, out)
     net = EarlyExitNet(pair.verifier, layer)
-    exit_ = CachedModel(net, vocab, net.device, out)
+    exit_ = model_cache(net, vocab, net.device, out)
     for model in (full, exit_):
         model.logits(seq, CONTEXT, 1)
         model.logits(seq, CONTEXT + 1, 1)  # warm

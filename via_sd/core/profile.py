@@ -11,7 +11,7 @@ now. Every run's recorded passes are evidence (via_sd.cost.refine): a profile wh
 more than 10% is corrected from them, kept in the cache, and its `source` says so; a trace's `costs` is the profile
 that priced it, source and all.
 
-Every pass is timed as the decoders run it (the same CachedModel / ProgressiveVerifier, row attention
+Every pass is timed as the decoders run it (the same cached models / ProgressiveVerifier, row attention
 and kernels), after a 200-token context, at 12 row counts (the others interpolated): the median of
 five sweeps over every probe, the typical cost a run pays (a burst of other work on a shared machine hits
 one sweep; the fastest of them was ~20% below what runs paid), and a curve over rows is made
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from .cached import CachedModel, Clock, drafter_cache
+from .cached import Clock, drafter_cache, model_cache
 from ..cost.model import MAX_ROWS, PROMPT_LENGTHS, CostProfile
 from ..cost.refine import Evidence, keep_honest, non_decreasing
 from ..weights.paths import cache_root
@@ -222,7 +222,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     seq = torch.randint(0, vocab, (CONTEXT + MAX_ROWS + max(PROMPT_LENGTHS),), generator=gen).tolist()
     out = pair.drafter.device
 
-    def cached(model, build=CachedModel):
+    def cached(model, build=model_cache):
         m = build(model, vocab, out, out)
         m.logits(seq, CONTEXT, 1)
         m.logits(seq, CONTEXT + 1, 1)  # warm
@@ -242,7 +242,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
                 before(k)
         return prepare, lambda: model.logits(seq, CONTEXT + k, k)
 
-    def prompt_probe(module, n, build=CachedModel):
+    def prompt_probe(module, n, build=model_cache):
         holder = {}
         return (lambda: holder.update(m=build(module, vocab, out, out))), (lambda: holder["m"].logits(seq, n, 1))
 
@@ -260,7 +260,7 @@ def measure(pair, key: dict | None = None, progress=None) -> CostProfile:
     drafts = {k: rows_probe(drafter, k) for k in range(1, 4)}
     for name, module in (("drafter", pair.drafter), ("slim", pair.slim), ("full", pair.verifier)):
         for n in PROMPT_LENGTHS:
-            probes[(name, n)] = prompt_probe(module, n, drafter_cache if name == "drafter" else CachedModel)
+            probes[(name, n)] = prompt_probe(module, n, drafter_cache if name == "drafter" else model_cache)
     times = {p: [] for p in [("verify", 1), *probes]}
     ratios = {k: [] for k in drafts}  # a drafter step over the verifier step just before it: c is paired
     for sweep in range(REPEATS):

@@ -11,13 +11,14 @@ from __future__ import annotations
 import copy
 
 import torch
-from transformers import DynamicCache
-
 from .routing import SlimVerifier
 
 
 def crop_cache(cache, length: int) -> None:
     """Forgets every cached position from `length` on, layer by layer (layers may be shared)."""
+    if hasattr(cache, "crop_to"):  # the lean forward's (lean_forward.LeanCache)
+        cache.crop_to(length)
+        return
     for layer in cache.layers:
         held = layer.get_seq_length()
         if held > length:
@@ -41,7 +42,7 @@ class ProgressiveVerifier:
             raise ValueError(f"slim_cache must be 'own' or 'full', got {slim_cache!r}")
         self.net, self.vocab_size, self.output_device = slim, vocab_size, output_device
         self.split = slim.first_skip
-        self.cache, self.seen = DynamicCache(), 0  # the shared sub-layers
+        self.cache, self.seen = slim.new_cache(), 0  # the shared sub-layers
         self.hidden: list[tuple[int, torch.Tensor]] = []  # (first position, hidden states at the split)
         self.views = {"slim": VerifierView(self, skip=True), "full": VerifierView(self, skip=False)}
         self.slim_reads_full = slim_cache == "full"
@@ -102,7 +103,7 @@ class VerifierView:
 
     def __init__(self, owner: ProgressiveVerifier, skip: bool):
         self.owner, self.skip = owner, skip
-        self.cache, self.seen = DynamicCache(), 0
+        self.cache, self.seen = owner.net.new_cache(), 0
 
     @torch.inference_mode()
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:

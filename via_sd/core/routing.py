@@ -16,8 +16,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from ..weights.lean_forward import LeanCache, LeanNet, exact
 from ..weights.row_attention import extending
 
 ROUTES_DIR = Path(__file__).resolve().parents[2] / "assets" / "routes"
@@ -182,6 +184,17 @@ class SlimVerifier:
         """The first skipped sub-layer (all of them when the route skips none): slim and full agree before it."""
         return self.skipped.index(True) if True in self.skipped else self.sublayers
 
+    @property
+    def lean(self) -> LeanNet | None:
+        """The lean forward of this verifier (weights/lean_forward.py) where it gives the same bits, else None."""
+        if "_lean" not in self.__dict__:
+            self._lean = LeanNet(self.verifier) if exact(self.verifier) else None
+        return self._lean
+
+    def new_cache(self):
+        """An empty KV cache for `run`: the lean forward's where it runs, else transformers' DynamicCache."""
+        return self.lean.new_cache() if self.lean is not None else DynamicCache()
+
     def parameters(self):
         """The parameters the slim pass uses: all of them belong to the verifier."""
         seen = set()
@@ -207,6 +220,8 @@ class SlimVerifier:
         search). `cache` holds every attention sub-layer run here for the positions before start (None: no
         cache, start 0). `record`, a list, receives the hidden states entering every sub-layer of the range."""
         skipped = self.skip_set if skip is True else frozenset(skip or ())
+        if isinstance(cache, LeanCache) and record is None:  # the same operations, without the per-layer machinery
+            return self.lean.run(h, start, cache, sublayers, skipped)
         ran = [k for k in sublayers if k % 2 == 0 and k not in skipped]
         context = self._attention_inputs(h, start, cache, ran[0] // 2) if ran else {}
         with extending(start > 0):  # low-bit linears: a pass over a cache computes each row as a step would

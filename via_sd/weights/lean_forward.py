@@ -1,22 +1,23 @@
-"""The drafter's forward without transformers' per-layer machinery: a Llama / Qwen2 decoder as a short loop
-over the model's own modules, and a KV cache of preallocated buffers.
+"""A Llama / Qwen2 decoder run as a short loop over the model's own modules, with a KV cache of preallocated buffers:
+the drafter's forward, and the verifier's (full and slim) wherever its attention is the kernel's fixed order.
 
-Why: a drafter step is ~100 small int4 matmuls and, around them, per layer, what a general forward does
-for every model (a cache object that concatenates on every update, mask building, attention dispatch,
-dtype round trips, hooks). On the embedded 0.5B drafter that machinery was about a third of a step
-(`benchmarks/weights_passes.py --drafter`, torch.profiler: 970 int4 calls were 67% of the CPU time of ten
-steps). Here a layer is ~25 tensor operations: RMSNorm (torch.rms_norm), the fused q/k/v matmul, rotary
-embedding, a write into the cache buffers, one fixed-order attention call (row_attention.py), o_proj, RMSNorm, the
-fused gate/up matmul, SiLU-gate, down_proj.
+Why: a decoding step is ~200 small low-bit matmuls and, around them, per layer, what a general forward does for
+every model (a cache object that concatenates on every update, mask building, attention dispatch, dtype round
+trips, hooks, a module call per norm). Here a sub-layer is a dozen tensor operations: RMSNorm (torch.rms_norm), the
+fused q/k/v matmul, rotary embedding of q and k in one go, a write into the cache buffers, one fixed-order attention
+call (attention.cpp), o_proj; RMSNorm, the fused gate/up matmul, SiLU-gate, down_proj.
 
-Only the drafter runs here. The drafter proposes and the verifier decides every token, so how the
-drafter computes can change acceptance at most, never what SD outputs; its logits match transformers'
-forward to float rounding (tests/test_lean.py). The verifier keeps transformers' forward and row
-attention, bit for bit what one-token steps compute.
+`LeanNet.run` runs any range of sub-layers (k = 2 * layer: attention, 2 * layer + 1: MLP), skipping a set of them,
+as routing.SlimVerifier.run does: the full verifier, the slim one (a route's sub-layers skipped) and progressive
+verification's shared trunk are all this loop.
 
-`LeanDecoder` has core.cached.CachedModel's interface (logits / rollback / seen); `drafter_cache` picks it
-for a model it `supports` (a Llama-style decoder: full attention on every layer, a gated MLP, nothing
-dispatched by accelerate hooks) and CachedModel for anything else.
+The verifier's bits: with its linears on the project's kernel (`exact(model)`), every operation here is the one
+transformers' forward (and SlimVerifier) runs, on the same values: torch.rms_norm is ATen's composite of the very
+pow / mean / rsqrt / mul that Qwen2RMSNorm calls; rotate_half(x) * sin is roll(x) * (sin with its first half
+negated), the same products (a sign flip is exact); the residual adds, SiLU-gate and attention (fixed order, any
+strides) are the same. So a step or a k-row pass gives bit for bit the logits of transformers' forward
+(tests/test_lean_verifier.py). Elsewhere (fp32 weights, torch's kernels, a GPU) only the drafter runs here, with
+torch's SDPA: its logits match transformers' to float rounding, and the drafter proposes, never decides.
 """
 
 from __future__ import annotations
@@ -27,16 +28,16 @@ from dataclasses import replace
 import torch
 import torch.nn.functional as F
 
+from . import lowbit_kernel
 from .fused import FusedPart
 from .heads import HeadContext, using_context
-from .row_attention import extending, fixed_order_attention
 
 ARCHITECTURES = ("llama", "qwen2")
 FIRST_CAPACITY = 256  # cache rows allocated at first; doubled whenever a pass needs more
 
 
 def supports(model) -> bool:
-    """Can LeanDecoder run `model` exactly as its own forward does (up to float rounding)?"""
+    """Can LeanNet run `model` as its own forward does (up to float rounding)?"""
     config, inner = getattr(model, "config", None), getattr(model, "model", None)
     if config is None or inner is None or getattr(config, "model_type", None) not in ARCHITECTURES:
         return False
@@ -49,122 +50,207 @@ def supports(model) -> bool:
     return not any(hasattr(m, "_hf_hook") for m in model.modules())  # accelerate places those itself
 
 
-class _Layer:
-    """One decoder layer's modules, read once."""
+def exact(model) -> bool:
+    """Does LeanNet give `model`'s own forward's bits (every attention the kernel's fixed order, float32)?"""
+    if not supports(model) or model.model.norm.weight.dtype != torch.float32:
+        return False
+    tiles = all(getattr(layer.self_attn.o_proj, "layout", None) == "tiles" for layer in model.model.layers)
+    return tiles and lowbit_kernel.module() is not None  # layers in tiles mean the kernel built here
 
-    def __init__(self, layer):
+
+def _fused_in_order(linears) -> bool:
+    """Are `linears` every part, in order, of one fused layer (fused.py)?"""
+    fused = getattr(linears[0], "fused", None)
+    return all(isinstance(m, FusedPart) and m.fused is fused for m in linears) \
+        and [m.index for m in linears] == list(range(len(fused.bounds)))
+
+
+class _Layer:
+    """One decoder layer's modules and constants, read once."""
+
+    def __init__(self, layer, heads: int, kv_heads: int):
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1, self.norm2 = layer.input_layernorm, layer.post_attention_layernorm
-        self.qkv = _joint(attn.q_proj, attn.k_proj, attn.v_proj)
-        self.gate_up = _joint(mlp.gate_proj, mlp.up_proj)
-        self.o, self.down, self.act = attn.o_proj, mlp.down_proj, mlp.act_fn
-        self.scaling = attn.scaling
+        self.shape1, self.w1, self.eps1 = self.norm1.weight.shape, self.norm1.weight, self.norm1.variance_epsilon
+        self.shape2, self.w2, self.eps2 = self.norm2.weight.shape, self.norm2.weight, self.norm2.variance_epsilon
+        q, k, v = attn.q_proj, attn.k_proj, attn.v_proj
+        self.qkv = q.fused.layer if _fused_in_order([q, k, v]) else None  # q, k and v in one matmul
+        self.qk = q.fused.layer if self.qkv is None and _fused_in_order([q, k]) else None  # q and k in one
+        self.q, self.k, self.v = q, k, v
+        self.o, self.down, self.scaling = attn.o_proj, mlp.down_proj, attn.scaling
+        gate, up = mlp.gate_proj, mlp.up_proj
+        self.gate_up = gate.fused.layer if _fused_in_order([gate, up]) else None
+        self.gate, self.up, self.inner = gate, up, gate.out_features
+        self.act = F.silu if isinstance(mlp.act_fn, torch.nn.SiLU) else mlp.act_fn
+        self.heads, self.kv_heads = heads, kv_heads
+
+    def project(self, x: torch.Tensor, n: int, head_dim: int):
+        """(q and k side by side [1, n, heads + kv_heads, head_dim], v [1, n, kv_heads, head_dim]): views of one
+        matmul's output where the layer is fused."""
+        both = self.heads + self.kv_heads
+        if self.qkv is not None:
+            y = self.qkv(x).reshape(1, n, both + self.kv_heads, head_dim)
+            return y[:, :, :both], y[:, :, both:]
+        v = self.v(x).reshape(1, n, self.kv_heads, head_dim)
+        qk = self.qk(x) if self.qk is not None else torch.cat([self.q(x), self.k(x)], -1)
+        return qk.reshape(1, n, both, head_dim), v
+
+    def gated(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up is not None:
+            y = self.gate_up(x)
+            return self.act(y[..., :self.inner]) * y[..., self.inner:]
+        return self.act(self.gate(x)) * self.up(x)
 
 
-def _joint(*linears):
-    """x -> the linears' outputs: one matmul when they are the parts of one fused layer (fused.py)."""
-    fused = getattr(linears[0], "fused", None)
-    if all(isinstance(m, FusedPart) and m.fused is fused for m in linears) \
-            and [m.index for m in linears] == list(range(len(fused.bounds))):  # every part, in order
-        layer, sizes = fused.layer, [m.out_features for m in linears]
-        return lambda x: layer(x).split(sizes, -1)
-    return lambda x: [m(x) for m in linears]
+class LeanCache:
+    """Keys and values per layer in buffers [1, capacity, kv_heads, head_dim] (grown by doubling), and how many
+    positions each layer holds: a layer a route skips holds none, or fewer (as in transformers' DynamicCache)."""
+
+    def __init__(self, layers: int):
+        self.keys: list[torch.Tensor | None] = [None] * layers
+        self.values: list[torch.Tensor | None] = [None] * layers
+        self.lengths = [0] * layers
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.lengths[layer]
+
+    def crop_to(self, length: int) -> None:
+        """Forgets every position from `length` on (the buffers' rows are written over later)."""
+        self.lengths = [min(n, length) for n in self.lengths]
+
+    def extend(self, layer: int, start: int, end: int, like: torch.Tensor, kv_heads: int, head_dim: int):
+        """Layer `layer`'s buffers, holding at least `end` rows, for positions start..end-1 to be written."""
+        if self.lengths[layer] != start:
+            raise RuntimeError(f"layer {layer} of the KV cache holds {self.lengths[layer]} positions, but a pass "
+                               f"from position {start} was asked for")
+        keys, values = self.keys[layer], self.values[layer]
+        if keys is None or keys.shape[1] < end:
+            capacity = 0 if keys is None else keys.shape[1]
+            size = max(FIRST_CAPACITY, 2 * capacity, end)
+            grown = [torch.empty((1, size, kv_heads, head_dim), dtype=like.dtype, device=like.device) for _ in "kv"]
+            if keys is not None:
+                grown[0][:, :start], grown[1][:, :start] = keys[:, :start], values[:, :start]
+            keys, values = self.keys[layer], self.values[layer] = grown
+        self.lengths[layer] = end
+        return keys, values
+
+    def fork(self) -> "LeanCache":
+        """A copy with buffers of its own."""
+        twin = LeanCache(0)
+        twin.keys = [None if t is None else t.clone() for t in self.keys]
+        twin.values = [None if t is None else t.clone() for t in self.values]
+        twin.lengths = list(self.lengths)
+        return twin
+
+    def __deepcopy__(self, memo) -> "LeanCache":
+        return self.fork()
 
 
-def _rms(norm, x: torch.Tensor) -> torch.Tensor:
-    return torch.rms_norm(x, norm.weight.shape, norm.weight.to(x.dtype), norm.variance_epsilon)
+class LeanNet:
+    """A decoder-only model's modules, run sub-layer by sub-layer over a LeanCache (see the module docstring)."""
 
+    def __init__(self, model):
+        config, inner = model.config, model.model
+        self.model, self.config = model, config
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
+        self.layers = [_Layer(layer, self.heads, self.kv_heads) for layer in inner.layers]
+        self.embed, self.norm, self.rotary, self.lm_head = inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head
+        self.exact = exact(model)
+        half = self.head_dim // 2
+        self.sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])  # rotate_half's signs
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary position embedding as transformers applies it (rotate_half over the two halves)."""
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), -1) * sin
+    @property
+    def sublayers(self) -> int:
+        return 2 * len(self.layers)
+
+    def new_cache(self) -> LeanCache:
+        return LeanCache(len(self.layers))
+
+    def run(self, h: torch.Tensor, start: int, cache: LeanCache, sublayers: range, skip=frozenset()) -> torch.Tensor:
+        """Runs `sublayers` (but those in `skip`) on hidden states h [1, n, hidden] of positions start.."""
+        ran = [k for k in sublayers if k not in skip]
+        if not ran:
+            return h
+        n = h.shape[1]
+        rope = None
+        for k in ran:
+            layer = self.layers[k >> 1]
+            if k & 1:
+                x = torch.rms_norm(h, layer.shape2, layer.w2, layer.eps2)
+                h = h + layer.down(layer.gated(x))
+                continue
+            if rope is None:  # once per pass: [1, n, 1, head_dim], the same for every head
+                cos, sin = self.rotary(h, torch.arange(start, start + n, device=h.device)[None])
+                rope = cos[:, :, None], (sin * self.sign.to(sin.device))[:, :, None]
+            h = self._attend(k >> 1, layer, h, start, cache, rope)
+        return h
+
+    def _attend(self, i: int, layer: _Layer, h: torch.Tensor, start: int, cache: LeanCache, rope) -> torch.Tensor:
+        n, heads, kv_heads, head_dim = h.shape[1], self.heads, self.kv_heads, self.head_dim
+        end = start + n
+        qk, v = layer.project(torch.rms_norm(h, layer.shape1, layer.w1, layer.eps1), n, head_dim)
+        cos, sin = rope
+        qk = qk * cos + qk.roll(head_dim // 2, -1) * sin  # transformers' q * cos + rotate_half(q) * sin, q and k
+        keys, values = cache.extend(i, start, end, h, kv_heads, head_dim)
+        keys[:, start:end] = qk[:, :, heads:]
+        values[:, start:end] = v
+        q, k, v = qk[:, :, :heads].transpose(1, 2), keys[:, :end].transpose(1, 2), values[:, :end].transpose(1, 2)
+        if self.exact:
+            a = lowbit_kernel.causal_attention(q, k, v, layer.scaling)
+        else:  # torch's SDPA (a drafter off the kernel): the rows after a cache see it and the new rows up to theirs
+            mask = None if n == 1 or start == 0 else torch.ones(n, end, dtype=torch.bool, device=h.device).tril(start)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=start == 0 and n > 1,
+                                               scale=layer.scaling, enable_gqa=kv_heads != heads).transpose(1, 2)
+        return h + layer.o(a.reshape(1, n, heads * head_dim))
+
+    def head(self, h: torch.Tensor, keep: int, norm_first: bool = False) -> torch.Tensor:
+        """The logits of the last `keep` rows: the final norm over every row first (as transformers' forward) or
+        over the kept rows only (as SlimVerifier.head); both norm each row alone."""
+        weight, shape, eps = self.norm.weight, self.norm.weight.shape, self.norm.variance_epsilon
+        if norm_first:
+            return self.lm_head(torch.rms_norm(h, shape, weight, eps)[:, -keep:])
+        return self.lm_head(torch.rms_norm(h[:, -keep:], shape, weight, eps))
 
 
 class LeanDecoder:
-    """A decoder-only model with a KV cache of its own, run layer by layer (see the module docstring)."""
+    """A decoder run by a LeanNet over a KV cache of its own (core.cached.CachedModel's interface), skipping the sub-layers in
+    `skip` (a slim verifier's route). `norm_first`: the final norm over every row fed, then the kept rows (as
+    transformers' forward does), else over the kept rows (as routing.SlimVerifier.head): each gives its model's
+    own bits."""
 
-    def __init__(self, model, vocab_size: int, input_device, output_device):
-        config, inner = model.config, model.model
-        self.model, self.vocab_size = model, vocab_size
+    def __init__(self, net, vocab_size: int, input_device, output_device, skip=frozenset(), norm_first: bool = False):
+        """`net`: a LeanNet, or a model to run through one."""
+        net = net if isinstance(net, LeanNet) else LeanNet(net)
+        self.net, self.vocab_size, self.skip, self.norm_first = net, vocab_size, frozenset(skip), norm_first
         self.input_device, self.output_device = input_device, output_device
-        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.heads
-        self.layers = [_Layer(layer) for layer in inner.layers]
-        self.embed, self.norm, self.rotary, self.head = inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head
-        self.keys: list[torch.Tensor] = []  # per layer [1, kv_heads, capacity, head_dim]
-        self.values: list[torch.Tensor] = []
-        self.seen = 0
+        self.cache, self.seen = net.new_cache(), 0
         self.head_context = HeadContext()  # this run's context tokens for a frequency-ranked head
 
     @torch.inference_mode()
     def logits(self, seq: list[int], upto: int, keep: int) -> torch.Tensor:
         """Feeds seq[seen:upto] and returns the logits of the last `keep` fed positions, [keep, V]."""
         self.rollback(upto - keep)  # a position asked for again is fed again
-        start = self.seen
+        start, net = self.seen, self.net
         ids = torch.tensor([seq[start:upto]], device=self.input_device)
-        with using_context(self.head_context), extending(start > 0):
-            if hasattr(self.head, "see"):  # a frequency-ranked head learns the context's tokens (heads.FrequentHead)
-                self.head.see(ids, start == 0)
-            hidden = self._forward(ids, start)
-            logits = self.head(_rms(self.norm, hidden[:, -keep:]))
+        with using_context(self.head_context):
+            if hasattr(net.lm_head, "see"):  # a frequency-ranked head learns the context's tokens (heads.FrequentHead)
+                net.lm_head.see(ids, start == 0)
+            hidden = net.run(net.embed(ids), start, self.cache, range(net.sublayers), self.skip)
+            logits = net.head(hidden, keep, self.norm_first)
         self.seen = upto
         return logits[0, :, : self.vocab_size].to(self.output_device)
 
     def rollback(self, length: int) -> None:
-        """Forgets every cached token past `length` (the buffers' rows past it are written over later)."""
-        self.seen = min(self.seen, length)
+        """Forgets every cached token past `length`."""
+        if self.seen > length:
+            self.cache.crop_to(length)
+            self.seen = length
 
     @torch.inference_mode()
     def fork(self) -> "LeanDecoder":
-        """A copy with cache buffers of its own (the same model): a run starts from a cached opening (opening.py)."""
+        """A copy with a cache of its own (the same model): a run starts from a cached opening (opening.py)."""
         twin = copy.copy(self)
-        twin.keys, twin.values = [t.clone() for t in self.keys], [t.clone() for t in self.values]
+        twin.cache = self.cache.fork()
         twin.head_context = replace(self.head_context)
         return twin
-
-    def _forward(self, ids: torch.Tensor, start: int) -> torch.Tensor:
-        n = ids.shape[1]
-        end = start + n
-        x = self.embed(ids)
-        self._reserve(end, x)
-        cos, sin = self.rotary(x, torch.arange(start, end, device=x.device)[None])
-        cos, sin = cos[:, None], sin[:, None]  # [1, 1, n, head_dim]: the same for every head
-        if n == 1:
-            mask, causal = None, False
-        elif start == 0:
-            mask, causal = None, True
-        else:  # rows after a cache: row i sees the cache and new rows 0..i
-            mask, causal = torch.ones(n, end, dtype=torch.bool, device=x.device).tril(start), False
-        for layer, keys, values in zip(self.layers, self.keys, self.values):
-            h = _rms(layer.norm1, x)
-            q, k, v = layer.qkv(h)
-            q = _rotate(q.view(1, n, self.heads, self.head_dim).transpose(1, 2), cos, sin)
-            keys[:, :, start:end] = _rotate(k.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2), cos, sin)
-            values[:, :, start:end] = v.view(1, n, self.kv_heads, self.head_dim).transpose(1, 2)
-            a = fixed_order_attention(q, keys[:, :, :end], values[:, :, :end], layer.scaling, layer.o)
-            if a is None:  # weights not on the project's kernel: torch's SDPA
-                a = F.scaled_dot_product_attention(q, keys[:, :, :end], values[:, :, :end], attn_mask=mask,
-                                                   is_causal=causal, scale=layer.scaling,
-                                                   enable_gqa=self.kv_heads != self.heads).transpose(1, 2)
-            x = x + layer.o(a.reshape(1, n, self.heads * self.head_dim))
-            gate, up = layer.gate_up(_rms(layer.norm2, x))
-            x = x + layer.down(layer.act(gate) * up)
-        return x
-
-    def _reserve(self, rows: int, like: torch.Tensor) -> None:
-        """Cache buffers of at least `rows` rows (grown by doubling, what is cached kept)."""
-        capacity = self.keys[0].shape[2] if self.keys else 0
-        if rows <= capacity:
-            return
-        size = max(FIRST_CAPACITY, 2 * capacity, rows)
-        shape = (1, self.kv_heads, size, self.head_dim)
-
-        def grown(old):
-            new = torch.empty(shape, dtype=like.dtype, device=like.device)
-            if old is not None:
-                new[:, :, :capacity] = old
-            return new
-
-        old_k, old_v = self.keys or [None] * len(self.layers), self.values or [None] * len(self.layers)
-        self.keys, self.values = [grown(t) for t in old_k], [grown(t) for t in old_v]
