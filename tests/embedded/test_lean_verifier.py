@@ -12,7 +12,8 @@ from via_sd.core.progressive import ProgressiveVerifier
 
 pytestmark = pytest.mark.embedded
 
-TEXT = "def merge(a, b):\n    out = []\n    while a and b:\n        out.append(a.pop(0) if a[0] < b[0] else b.pop(0))"
+TEXT = ("def merge(a, b):\n    out = []\n    while a and b:\n        out.append(a.pop(0) if a[0] < b[0] else b.pop(0))\n"
+        "    return out + a + b\n")
 
 
 def passes(context: int):
@@ -24,7 +25,7 @@ def passes(context: int):
 def test_the_lean_verifier_gives_transformers_bits_on_real_weights(embedded_pair):
     pair = embedded_pair
     seq = pair.encode(TEXT, chat=False)
-    assert pair.route.skip and len(seq) > 40
+    assert pair.route.skip and len(seq) >= 36
     old_slim = copy.copy(pair.slim)
     old_slim._lean = None
     models = [(CachedModel(pair.verifier, pair.vocab_size, "cpu", "cpu"), model_cache(pair.verifier, pair.vocab_size,

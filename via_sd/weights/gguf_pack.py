@@ -226,9 +226,11 @@ class ExactRows:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).cpu()
-        codes = self.codes[flat]
+        # index_select, not codes[flat]: torch's advanced indexing of uint8 rows split 16 rows over two threads and
+        # took milliseconds (BENCHMARKS.md, issue #39); the same gather
+        codes = self.codes.index_select(0, flat)
         if self.info["packed"]:
             codes = unpack_nibbles(codes)
-        offset = None if self.offset is None else self.offset[flat]
-        w = dequantize_codes(codes, self.scale[flat], offset, self.info)
+        offset = None if self.offset is None else self.offset.index_select(0, flat)
+        w = dequantize_codes(codes, self.scale.index_select(0, flat), offset, self.info)
         return w.view(*ids.shape, -1).to(ids.device)

@@ -71,13 +71,49 @@ class RescoredHead(nn.Module):
 
     def rescore(self, logits: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """`logits`: the low-bit head's fresh output for `h` (changed in place)."""
-        top = logits.topk(self.k, dim=-1).indices
+        top = best_k(logits, self.k)
         exact = (self.exact_rows(top) * h.float().unsqueeze(-2)).sum(-1)
         if self.head.bias is not None:
             exact = exact + self.head.bias[top]
         floor = torch.nextafter(exact.amin(-1, keepdim=True), torch.tensor(float("-inf")))
         torch.minimum(logits, floor, out=logits)
         return logits.scatter_(-1, top, exact)
+
+
+CHUNK = 128  # logits per chunk in best_k's first look
+
+
+def best_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices of the `k` largest logits of each row: the set `logits.topk(k)` gives (in another order), at a
+    fraction of its cost over a large vocabulary. topk sorts (value, index) pairs of the whole row; here the row's
+    chunks of CHUNK logits are ranked by their maxima, and the k largest logits lie in the k chunks with the largest
+    maxima (k distinct logits are at least the k-th largest maximum, and no logit of another chunk reaches it), so
+    topk runs over k * CHUNK of them (and a tail of fewer than CHUNK). Where that set is not unique (a tie at the k-th
+    logit, or a NaN, which topk ranks first), or two chunk maxima tie at the k-th, the whole row's topk decides,
+    as before."""
+    vocab = logits.shape[-1]
+    chunks = vocab // CHUNK
+    if chunks < 2 * k:
+        return logits.topk(k, dim=-1).indices
+    rows = logits.reshape(-1, vocab)
+    maxima = rows[:, :chunks * CHUNK].view(-1, chunks, CHUNK).amax(-1)
+    ranked = maxima.topk(k + 1, dim=-1)
+    if bool(maxima.isnan().any()) or not bool((ranked.values[:, k - 1] > ranked.values[:, k]).all()):
+        return logits.topk(k, dim=-1).indices
+    picked = ranked.indices[:, :k]
+    near = rows.view(-1, vocab)[:, :chunks * CHUNK].view(-1, chunks, CHUNK).gather(
+        1, picked[..., None].expand(-1, -1, CHUNK)).view(rows.shape[0], k * CHUNK)
+    tail = rows[:, chunks * CHUNK:]
+    if tail.shape[1]:
+        near = torch.cat([near, tail], 1)
+    best = near.topk(k + 1, dim=-1)
+    if bool(best.values.isnan().any()) or not bool((best.values[:, k - 1] > best.values[:, k]).all()):
+        return logits.topk(k, dim=-1).indices
+    at = best.indices[:, :k]
+    inside = at < k * CHUNK
+    ids = torch.where(inside, picked.gather(1, (at // CHUNK).clamp(max=k - 1)) * CHUNK + at % CHUNK,
+                      chunks * CHUNK + at - k * CHUNK)
+    return ids.view(*logits.shape[:-1], k)
 
 
 class FrequentHead(nn.Module):
@@ -184,11 +220,12 @@ class LowbitEmbedding(nn.Module):
         return self.codes
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        q = self.codes[ids]
+        flat = ids.reshape(-1)  # index_select: torch's advanced indexing of uint8 rows is slow on two threads
+        q = self.codes.index_select(0, flat).view(*ids.shape, -1)
         if self.nibbles:
             q = unpack_nibbles(q)
         q = q.float() - self.zero
-        q = q.view(*ids.shape, -1, self.group) * self.scale[ids][..., None]
+        q = q.view(*ids.shape, -1, self.group) * self.scale.index_select(0, flat).view(*ids.shape, -1)[..., None]
         if self.offset is not None:
-            q = q + self.offset[ids][..., None]
+            q = q + self.offset.index_select(0, flat).view(*ids.shape, -1)[..., None]
         return q.view(*ids.shape, self.embedding_dim)
