@@ -9,7 +9,9 @@ Prints, for the pair's verifier in int4 weights:
      them at and its share of the bandwidth), attention (with its norm, rope and cache writes), the head's exact
      re-scoring, everything else, the linears together and the bytes a step reads;
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
-  4. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
+  4. with `--compare-forward`, one-token steps through the lean forward and through transformers' forward (the
+     verifier's forward before issue #39), in alternating blocks;
+  5. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
      kernel, then for torch's (the pair built again with lowbit_kernel.off()).
 
     .venv/bin/python scripts/kernel_breakdown.py                 # the embedded pair (a few minutes)
@@ -31,7 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from via_sd import load_pair  # noqa: E402
-from via_sd.core.cached import model_cache  # noqa: E402
+from via_sd.core.cached import CachedModel, model_cache  # noqa: E402
 from via_sd.weights import lowbit_kernel  # noqa: E402
 from via_sd.weights.heads import RescoredHead  # noqa: E402
 from via_sd.weights.linears import Int4Linear, Int8Linear, kernel_rule  # noqa: E402
@@ -180,6 +182,29 @@ def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
     return rows
 
 
+def forward_ab(pair, steps: int, blocks: int = 6) -> str:
+    """One-token steps of the verifier through the lean forward and through transformers' forward (what the verifier
+    ran before), in alternating blocks of `steps` // blocks: the same tokens, a paired ratio."""
+    seq = pair.encode("Write a function that merges two sorted lists, and explain it.")
+    lean, theirs = (model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu"),
+                    CachedModel(pair.verifier, pair.vocab_size, "cpu", "cpu"))
+    for model in (lean, theirs):
+        model.logits(seq, len(seq), 1)
+    seq = seq + [int(t) for t in torch.randint(0, pair.vocab_size, (steps + 1,), generator=torch.Generator().manual_seed(0))]
+    spent = {"lean": 0.0, "transformers'": 0.0}
+    at = len(seq) - steps
+    for block in range(blocks):
+        upto = at + steps * (block + 1) // blocks
+        for name, model in (("lean", lean), ("transformers'", theirs)):
+            start = time.perf_counter()
+            for n in range(model.seen + 1, upto + 1):
+                model.logits(seq, n, 1)
+            spent[name] += time.perf_counter() - start
+    a, b = (spent[name] / steps * 1e3 for name in ("lean", "transformers'"))
+    return (f"one step, lean forward {a:.1f} ms, transformers' forward {b:.1f} ms: {b - a:.1f} ms less "
+            f"({a / b:.2f}x), {steps} steps each in {blocks} alternating blocks")
+
+
 def verify_curve(pair, context: int, rows: list[int]) -> dict[int, float]:
     """verify(k) of the pair's verifier after `context` tokens: medians of 5 sweeps over the row counts."""
     text = "Speculative decoding drafts tokens cheaply and verifies them in one pass of the large model. " * 64
@@ -205,6 +230,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", default="1,2,3,4,5,6,8,12,16", help="pass sizes k for V(k)")
     ap.add_argument("--no-torch", action="store_true", help="skip torch's kernel's V(k) (a second pair load)")
     ap.add_argument("--linear", default="8960x1536", help="one linear NxK timed at every row count ('' to skip)")
+    ap.add_argument("--compare-forward", action="store_true",
+                    help="also time steps through transformers' forward, alternating with the lean forward's")
     args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
@@ -216,6 +243,8 @@ def main(argv=None) -> int:
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
     print("\n".join(step_breakdown(pair, args.steps, bandwidth)) + "\n")
+    if args.compare_forward:
+        print(forward_ab(pair, args.steps) + "\n")
     ours = verify_curve(pair, args.context, rows)
     del pair  # one pair at a time: two embedded pairs in one process slowed each pass tenfold here
     gc.collect()
