@@ -143,6 +143,11 @@ def warm_up(pair) -> None:
         generate(pair, "Hello", method, config)
 
 
+def open_kernel() -> None:
+    """The kernel opened, or compiled first (a first start); the log says when it was ready."""
+    log.info("the kernel is %s", "ready" if lowbit_kernel.module() is not None else "missing: torch's kernels run")
+
+
 class Models:
     """The loaded pair and everything about it. `_load` is held for a whole load (one at a time);
     `_lock` guards the fields, briefly."""
@@ -228,17 +233,23 @@ class Models:
                 if progress is not None:
                     progress(line.fraction, desc=f"{preset}: {line.line()}")
 
+            heard = [""]
+
             def report(message: str, fraction: float) -> None:  # the engine's raw events
+                if message != heard[0]:
+                    log.info("loading %s: %s", preset, message)
+                    heard[0] = message
                 line.hear(message, fraction)
                 publish()
 
             def begin(step) -> None:
+                log.info("loading %s: %s", preset, step.name)  # the log's clock says how long each step took
                 line.start(step)
                 publish()
 
             # the kernel is compiled (first start) or opened meanwhile: a compiler and ninja in their own processes,
             # while this thread unpacks; whatever needs it next waits on lowbit_kernel's lock
-            kernel = threading.Thread(target=lowbit_kernel.module, name="kernel", daemon=True)
+            kernel = threading.Thread(target=open_kernel, name="kernel", daemon=True)
             if not str(spec_of(preset)["drafter"]).startswith("random:") and \
                     resolve_weights("auto", default_device()) == "int4":  # a GPU's bf16 needs no CPU kernel
                 kernel.start()
@@ -262,6 +273,7 @@ class Models:
                 with self._lock:
                     self._routes[preset] = pair.route
                     self._pairs[preset] = pair
+                log.info("loading %s: ready", preset)
                 # what is alive now lives as long as the pair: out of the collector's sight, so a full
                 # collection no longer walks it (460k objects: a 0.26-0.35 s pause inside a run, measured)
                 gc.freeze()
