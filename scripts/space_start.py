@@ -17,6 +17,8 @@ Run:  flock /tmp/via-sd-heavy.lock env PYTHONPATH=. .venv/bin/python scripts/spa
       [--python PATH]             (the app's interpreter: a venv made from requirements.txt)
       [--work DIR]                (where the cold start's cache and the logs go: a fresh folder under DIR)
       [--preset random]           (another preset than the Space's: the tiny random pair checks this script)
+      [--prior]                   (each start without the cache's profiles: the first run prices with the shipped one)
+      [--shots docs]              (the first start's first second and load line at 1280x800, as docs/spaces.md shows)
 """
 import argparse
 import os
@@ -101,7 +103,8 @@ def served(proc, url: str, deadline: float) -> None:
     raise RuntimeError("the page was not served in time")
 
 
-def one_start(browser, python: str, cache: Path, log: Path, tokens: int, preset: str | None = None) -> dict:
+def one_start(browser, python: str, cache: Path, log: Path, tokens: int, preset: str | None = None,
+              shots: Path | None = None) -> dict:
     """Seconds from the process's start to: page, run (pressed), first (decided token), done; and the cost panel's
     rows after that run (panel)."""
     proc, url, t0 = start(python, cache, log, preset)
@@ -113,12 +116,17 @@ def one_start(browser, python: str, cache: Path, log: Path, tokens: int, preset:
         page.goto(url, wait_until="domcontentloaded")
         page.wait_for_selector("#run")
         at["page"] = time.perf_counter() - t0
+        if shots is not None:  # the page as a visitor first sees it, and its load line (docs/spaces.md)
+            page.wait_for_selector("#via-tokens .via-tok")
+            page.screenshot(path=str(shots / "first-second.png"))
+            page.locator("#device").screenshot(path=str(shots / "loading-line.png"))
         box = page.locator("#max-new-tokens input[type=number]")
         box.fill(str(tokens))
         box.press("Enter")
         page.locator("#prompt textarea").fill(PROMPT)
         page.evaluate(RECORD_JS)
-        before = page.locator("#cost-model").inner_text()  # the recorded run's panel
+        page.wait_for_selector('#cost-model .via-costs[data-state="ready"]')  # the recorded run's panel, drawn
+        before = page.locator("#cost-model").inner_text()
         page.locator("#run").click()
         at["run"] = time.perf_counter() - t0
         page.wait_for_function("window.__chips.includes('decided')", polling=20)
@@ -155,6 +163,9 @@ def main() -> None:
     parser.add_argument("--evict", action="store_true", help="a restart more, its cache out of the page cache")
     parser.add_argument("--work", type=Path, default=None, help="the folder the cold cache and logs go under")
     parser.add_argument("--tokens", type=int, default=24)
+    parser.add_argument("--shots", type=Path, help="where the first start's screenshots go (first second, load line)")
+    parser.add_argument("--prior", action="store_true", help="every start without the profiles a run left (its "
+                        "first run then prices with the shipped prior, as on a new machine)")
     parser.add_argument("--keep", action="store_true", help="keep the cold start's cache (it is deleted otherwise)")
     parser.add_argument("--preset", help="another preset than the Space's default (random: a check of this script)")
     args = parser.parse_args()
@@ -171,9 +182,11 @@ def main() -> None:
             for name in starts:
                 if name == "evicted restart":
                     evict(cache)
+                if args.prior:
+                    shutil.rmtree(cache / "profiles", ignore_errors=True)
                 load = Load()
                 at = one_start(browser, args.python, cache, work / f"{name.replace(' ', '-')}.log", args.tokens,
-                               args.preset)
+                               args.preset, args.shots if name == starts[0] else None)
                 print(f"{name:15s} page {at['page']:6.1f} s · Run {at['run']:6.1f} s · first decided token "
                       f"{at['first']:6.1f} s · run done {at['done']:6.1f} s ({load.stop()})", flush=True)
                 rows = " · ".join(f"{k} predicted {v[0]} measured {v[1]}" for k, v in at["panel"].items())

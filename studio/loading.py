@@ -4,13 +4,16 @@ The engine reports each part of a load on its own scale (the embedded wheels' un
 `load_pair` restarts at 5% and 50% for each model, a cost profile counts its sweeps), and its messages name
 cache folders on the server. `LoadProgress` hears those raw `(message, fraction)` events and keeps one line
 for the page: which step of how many, the step's share of one bar that never goes back, and a detail with
-no server path in it. Pure: no gradio, no models.
+no server path in it; each step and new event goes to the log. No gradio, no models.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
+
+log = logging.getLogger("via_sd.app")
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,16 @@ class LoadProgress:
             at += s.share / total
         self.current: Step | None = None
         self.fraction = 0.0
-        self.detail = ""
+        self.detail = self._heard = ""
 
     def start(self, step: Step) -> None:
+        log.info("loading: %s", step.name)  # the log's clock says when each step began (scripts/space_start.py)
         self._move(step, 0.0, "")
 
     def hear(self, message: str, fraction: float) -> None:
+        if message != self._heard:  # each new event once (which model, which part), not every fraction of it
+            log.info("loading: %s", message)
+            self._heard = message
         step = step_of(message) or self.current
         if step is None or step not in self._starts:
             return

@@ -8,6 +8,7 @@ for (weights shared), so two sessions with different routes never see each other
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import logging
@@ -143,11 +144,6 @@ def warm_up(pair) -> None:
         generate(pair, "Hello", method, config)
 
 
-def open_kernel() -> None:
-    """The kernel opened, or compiled first (a first start); the log says when it was ready."""
-    log.info("the kernel is %s", "ready" if lowbit_kernel.module() is not None else "missing: torch's kernels run")
-
-
 class Models:
     """The loaded pair and everything about it. `_load` is held for a whole load (one at a time);
     `_lock` guards the fields, briefly."""
@@ -157,7 +153,8 @@ class Models:
         self._pairs: dict = {}  # preset -> ModelPair; at most one entry, so switching frees the old pair
         self._routes: dict = {}  # preset -> the Route picked at load (or searched later), for "preset default"
         self._slims: dict = {}  # (preset, route name) -> SlimVerifier: per-run views reuse them
-        self._warm: set = set()  # ids of pairs that ran their warm-up
+        self._warm: set = set()  # ids of pairs that ran their warm-up (or whose first run was it)
+        self._waiting: list = []  # (preset, token) of each run queued behind a load (`waiting_for`)
         self._state = {"preset": None, "error": None, "message": "", "fraction": 0.0}
         self.served = served  # the preset the page was built for
         self.own = None  # the own pair's spec (`studio.own_pair`), as PRESETS' specs: drafter, verifier, route, about
@@ -233,23 +230,17 @@ class Models:
                 if progress is not None:
                     progress(line.fraction, desc=f"{preset}: {line.line()}")
 
-            heard = [""]
-
             def report(message: str, fraction: float) -> None:  # the engine's raw events
-                if message != heard[0]:
-                    log.info("loading %s: %s", preset, message)
-                    heard[0] = message
                 line.hear(message, fraction)
                 publish()
 
             def begin(step) -> None:
-                log.info("loading %s: %s", preset, step.name)  # the log's clock says how long each step took
                 line.start(step)
                 publish()
 
             # the kernel is compiled (first start) or opened meanwhile: a compiler and ninja in their own processes,
             # while this thread unpacks; whatever needs it next waits on lowbit_kernel's lock
-            kernel = threading.Thread(target=open_kernel, name="kernel", daemon=True)
+            kernel = threading.Thread(target=lowbit_kernel.module, name="kernel", daemon=True)
             if not str(spec_of(preset)["drafter"]).startswith("random:") and \
                     resolve_weights("auto", default_device()) == "int4":  # a GPU's bf16 needs no CPU kernel
                 kernel.start()
@@ -267,7 +258,11 @@ class Models:
                 if MEASURE in line.steps:  # the cost profile gamma="auto" reads: measured once, cached
                     begin(MEASURE)
                     profile_for(pair, progress=report)
-                if warm:
+                if warm and any(p == preset for p, _ in list(self._waiting)):  # a Run pressed meanwhile warms it
+                    log.info("loading %s: a run waits, so it is the warm-up", preset)
+                    with self._lock:
+                        self._warm.add(id(pair))
+                elif warm:
                     begin(WARM)
                     self.ensure_warm(pair)
                 with self._lock:
@@ -299,6 +294,15 @@ class Models:
         with warnings.catch_warnings():  # the model line says it (`status`), once a cached route was looked for
             warnings.simplefilter("ignore", NoRouteWarning)
             return load_pair(drafter=self.own["drafter"], verifier=self.own["verifier"], progress=report)
+
+    @contextlib.contextmanager
+    def waiting_for(self, preset: str):
+        """While a run waits for the load of `preset`: the load skips its warm-up (the run's first passes are it)."""
+        self._waiting.append(entry := (preset, object()))  # list appends and removes are atomic
+        try:
+            yield
+        finally:
+            self._waiting.remove(entry)
 
     def ensure_warm(self, pair) -> None:
         """The warm-up, once per pair (call it inside a GPU call on ZeroGPU)."""

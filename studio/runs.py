@@ -123,9 +123,10 @@ def decode_comparison(job, traces: dict, prompt, preset, gamma, accept, escalate
     config = make_config(gamma, accept, escalate, signal, temperature, max_new_tokens, seed, drafter, **knobs)
     preset, route, with_ar = name("preset", preset), check_route(route), flag("with_ar", with_ar)
     yield None, False
-    while MODELS.loading(preset) and MODELS.loaded(preset) is None and not job.is_set():
-        time.sleep(0.5)
-        yield None, False  # queued behind the load: the page says which step it waits for
+    with MODELS.waiting_for(preset):  # the load skips its warm-up for a run that waits: the run's passes are it
+        while MODELS.loading(preset) and MODELS.loaded(preset) is None and not job.is_set():
+            time.sleep(0.5)
+            yield None, False  # queued behind the load: the page says which step it waits for
     if job.is_set():
         return
     shared = MODELS.wait(preset, progress)

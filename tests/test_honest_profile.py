@@ -78,3 +78,21 @@ def test_a_run_records_which_profile_priced_it_and_a_prior_spares_the_measuremen
     assert source == "shipped prior, not measured on this machine (another CPU, 64 threads)"
     assert trace.to_dict()["costs"]["source"] == source  # kept with the run, in its download too
     assert source in panel({"sd": trace, "preset": "random"})  # and the page says it
+
+
+def test_a_profile_written_as_the_shipped_prior_is_what_a_new_machine_prices_with(tiny_pair, fresh_cache,
+                                                                                 monkeypatch):
+    """`python -m via_sd profile --write-prior PATH` (how assets/profiles/embedded.json is re-measured): the file
+    names where and when it was measured, and a machine without its own profile prices with exactly its numbers."""
+    from via_sd.cli.profile import write_prior
+
+    measured = profile_for(tiny_pair)
+    priors = fresh_cache / "priors"
+    priors.mkdir()
+    write_prior(str(priors / "random.json"), "random", measured)
+    monkeypatch.setattr(profile, "PRIORS", priors)
+    about = json.loads((priors / "random.json").read_text())["about"]
+    assert profile.has_prior("random") and "measured by python -m via_sd profile" in about, about
+    prior = profile.shipped_prior(profile_key(tiny_pair))
+    assert prior.verify_ms == measured.verify_ms and prior.draft_ms == measured.draft_ms
+    assert prior.source.startswith("shipped prior, not measured on this machine")

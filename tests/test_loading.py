@@ -146,6 +146,21 @@ def test_a_run_pressed_during_the_load_says_which_step_it_waits_for(monkeypatch)
     assert 'data-kind="ok"' in final and MODELS.loaded("random") is not None
 
 
+def test_a_run_that_waits_for_the_load_is_its_warm_up(monkeypatch):
+    """Alone, a load warms the pair up; with a run queued behind it, that run's first passes are the warm-up, so
+    the run starts as soon as the models are in."""
+    warmed = []
+    monkeypatch.setattr(models, "warm_up", warmed.append)
+    fresh = models.Models(served="random")
+    fresh.pair("random")
+    assert len(warmed) == 1
+    fresh.free()
+    with fresh.waiting_for("random"):
+        pair = fresh.pair("random")
+    fresh.ensure_warm(pair)  # what the waiting run calls before it decodes: nothing left to warm
+    assert len(warmed) == 1 and not fresh._waiting
+
+
 def test_the_page_opens_on_a_small_labelled_recorded_run(tmp_path):
     from studio import recorded
 

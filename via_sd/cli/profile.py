@@ -10,7 +10,24 @@ def add_parser(sub) -> None:
     add_pair_arguments(p)
     p.add_argument("--refresh", action="store_true", help="measure again even when a cached profile fits")
     p.add_argument("--exit-layer", type=int, default=0, help="the early-exit drafter's layers (0: half of them)")
+    p.add_argument("--write-prior", metavar="PATH", help="also write it as the pair's shipped prior (assets/profiles/"
+                   "NAME.json: what runs on other machines price with until they have their own)")
     p.set_defaults(run=cmd_profile)
+
+
+def write_prior(path: str, preset: str, profile) -> None:
+    """The profile as a shipped prior ({"preset", "about", "profile"}: via_sd.core.profile.shipped_prior), saying
+    where and when it was measured."""
+    import datetime
+    import json
+    from pathlib import Path
+
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    about = (f"the {preset} pair in {profile.key.get('weights')} on route {profile.key.get('route')}, measured by "
+             f"python -m via_sd profile on {profile.key.get('device_name')}, {profile.key.get('threads')} threads, "
+             f"{when}: what runs price with until this machine has its own (via_sd/core/profile.py)")
+    Path(path).write_text(json.dumps({"preset": preset, "about": about, "profile": profile.to_dict()}, indent=1) + "\n")
+    print(f"shipped prior written to {path}")
 
 
 def cmd_profile(args) -> int:
@@ -38,4 +55,6 @@ def cmd_profile(args) -> int:
             g = best_gamma(p, "sd", rates)
             line.append(f"{name} gamma {g}, ceiling {ceiling(p, alpha, g):.2f}")
         print(f"acceptance {alpha:.1f}, SD/AR: " + "; ".join(line))
+    if args.write_prior:
+        write_prior(args.write_prior, args.preset or "embedded", profile)
     return 0
