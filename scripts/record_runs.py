@@ -4,7 +4,8 @@ The page opens on the first of these before any model has loaded (studio.recorde
 replay, the step-through view and the what-if work in the first second. Each prompt gives two files in
 assets/recorded/: `NAME.json.gz`, the three traces as a list (gunzipped, the format the app's upload replays; a
 few KB), and `NAME.about.json`, where and when they were recorded, how busy the machine was, and their fidelity
-(the page labels the run with them). Record on a quiet machine: the timings are what the race replays.
+(the page labels the run with them). Record on a quiet machine: the timings are what the race replays (it waits up
+to 3 minutes for the load average to fall below 1; the page says "busy" with the load it found).
 
 Run:  flock /tmp/via-sd-heavy.lock env HF_HUB_OFFLINE=1 PYTHONPATH=. .venv/bin/python scripts/record_runs.py
       [--preset embedded] [--max-new-tokens 48] [--out assets/recorded]
@@ -15,6 +16,7 @@ import gzip
 import json
 import os
 import platform
+import time
 from pathlib import Path
 
 from via_sd import DecodeConfig, load_pair, generate
@@ -54,6 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    quiet_by = time.time() + 180  # the 1-minute load average still counts the work just before: let it settle
+    while os.getloadavg()[0] >= 1.0 and time.time() < quiet_by:
+        time.sleep(5)
     busy = round(os.getloadavg()[0], 1)  # other work on the machine before ours starts: it slows every lane
     pair = load_pair(args.preset)
     config = DecodeConfig(max_new_tokens=args.max_new_tokens, seed=0)  # the page's defaults: paper rule, gamma auto

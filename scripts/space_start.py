@@ -126,14 +126,16 @@ def one_start(browser, python: str, cache: Path, log: Path, tokens: int, preset:
         page.locator("#prompt textarea").fill(PROMPT)
         page.evaluate(RECORD_JS)
         page.wait_for_selector('#cost-model .via-costs[data-state="ready"]')  # the recorded run's panel, drawn
-        before = page.locator("#cost-model").inner_text()
+        before = page.evaluate(PANEL_JS)
         page.locator("#run").click()
         at["run"] = time.perf_counter() - t0
         page.wait_for_function("window.__chips.includes('decided')", polling=20)
         at["first"] = time.perf_counter() - t0
         page.wait_for_selector('#status [data-kind="ok"]')
         at["done"] = time.perf_counter() - t0
-        page.wait_for_function("b => document.querySelector('#cost-model').innerText !== b", arg=before)
+        # this run's panel: its rows differ from the recorded run's (Gradio's progress overlay changes the text too)
+        page.wait_for_function(f"b => JSON.stringify(({PANEL_JS})()) !== JSON.stringify(b)", arg=before,
+                               timeout=120_000)
         at["panel"] = page.evaluate(PANEL_JS)
         text = page.locator("#cost-model").inner_text()
         at["profile"] = text.split("priced by the cost profile (")[-1].split("); measured")[0]

@@ -17,6 +17,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import gradio as gr
 import torch
@@ -136,12 +137,14 @@ def kernel_built() -> bool:
 
 
 @gpu(duration=WARM_UP_S)
-def warm_up(pair) -> None:
-    """Two tokens of SD and VIA-SD, so the first real Run does not pay the one-time costs of a model's first
-    forward passes (embedded pair on CPU: first round 9.2 s cold, 5.5 s warm). A GPU call on ZeroGPU."""
+def warm_up(pair, stop=None) -> None:
+    """Two tokens of SD and VIA-SD: the first Run does not pay a model's first passes (a GPU call on ZeroGPU). `stop`
+    (`is_set()`: a run waits for the pair) ends it at its next round; that run's own passes finish the warm-up."""
     config = DecodeConfig(gamma=2, max_new_tokens=2, thresholds=Thresholds(accept=0.5, escalate=0.1, signal="slim"))
     for method in ("sd", "via"):
-        generate(pair, "Hello", method, config)
+        if stop is not None and stop.is_set():
+            return
+        generate(pair, "Hello", method, config, stop=stop)
 
 
 class Models:
@@ -258,13 +261,10 @@ class Models:
                 if MEASURE in line.steps:  # the cost profile gamma="auto" reads: measured once, cached
                     begin(MEASURE)
                     profile_for(pair, progress=report)
-                if warm and any(p == preset for p, _ in list(self._waiting)):  # a Run pressed meanwhile warms it
-                    log.info("loading %s: a run waits, so it is the warm-up", preset)
-                    with self._lock:
-                        self._warm.add(id(pair))
-                elif warm:
+                if warm:  # until a run waits for the pair: then the run's first passes are the rest of it
                     begin(WARM)
-                    self.ensure_warm(pair)
+                    waits = SimpleNamespace(is_set=lambda: any(p == preset for p, _ in list(self._waiting)))
+                    self.ensure_warm(pair, stop=waits)
                 with self._lock:
                     self._routes[preset] = pair.route
                     self._pairs[preset] = pair
@@ -297,19 +297,19 @@ class Models:
 
     @contextlib.contextmanager
     def waiting_for(self, preset: str):
-        """While a run waits for the load of `preset`: the load skips its warm-up (the run's first passes are it)."""
+        """While a run waits for the load of `preset`: the load's warm-up stops for it (the run's passes finish it)."""
         self._waiting.append(entry := (preset, object()))  # list appends and removes are atomic
         try:
             yield
         finally:
             self._waiting.remove(entry)
 
-    def ensure_warm(self, pair) -> None:
-        """The warm-up, once per pair (call it inside a GPU call on ZeroGPU)."""
+    def ensure_warm(self, pair, stop=None) -> None:
+        """The warm-up, once per pair (call it inside a GPU call on ZeroGPU); `stop`: see `warm_up`."""
         with self._lock:
             if id(pair) in self._warm:
                 return
-        warm_up(pair)  # not under the lock: status reads go on meanwhile
+        warm_up(pair, stop)  # not under the lock: status reads go on meanwhile
         with self._lock:
             self._warm.add(id(pair))
 

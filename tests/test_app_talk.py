@@ -211,7 +211,7 @@ def test_a_run_during_the_background_load_waits_with_progress(monkeypatch):
 
 def test_the_warm_up_is_a_gpu_call_made_once_per_pair(monkeypatch):
     calls = []
-    monkeypatch.setattr(studio.models, "warm_up", lambda pair: calls.append(pair))
+    monkeypatch.setattr(studio.models, "warm_up", lambda pair, stop=None: calls.append(pair))
     MODELS.free()
     pair = MODELS.pair("random", warm=False)  # as on ZeroGPU: loaded in the background, not warmed there
     assert calls == []

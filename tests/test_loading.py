@@ -60,7 +60,7 @@ def embedded_load_replayed(monkeypatch):
     monkeypatch.setattr(models, "load_pair", load_pair)
     monkeypatch.setattr(models, "pick_route", lambda pair, progress: emit(progress, ROUTE))
     monkeypatch.setattr(models, "profile_for", lambda pair, progress: emit(progress, PROFILE))
-    monkeypatch.setattr(models, "warm_up", lambda pair: seen.append(fresh.status("embedded")))
+    monkeypatch.setattr(models, "warm_up", lambda pair, stop=None: seen.append(fresh.status("embedded")))
     fresh.pair("embedded", warm=True)
     return seen, fresh
 
@@ -135,7 +135,7 @@ def test_a_run_pressed_during_the_load_says_which_step_it_waits_for(monkeypatch)
 
     MODELS.free()
     monkeypatch.setattr(models, "load_pair", held_load)
-    monkeypatch.setattr(models, "warm_up", lambda pair: None)
+    monkeypatch.setattr(models, "warm_up", lambda pair, stop=None: None)
     MODELS.preload("random")
     run = runs.run_compare("Hi", "random", 2, 0.5, 0.3, "slim", 0.0, 8, 0, "default", False, 0)
     statuses = [next(run)[4] for _ in range(3)]  # queued: a status every half second while the load runs
@@ -146,19 +146,21 @@ def test_a_run_pressed_during_the_load_says_which_step_it_waits_for(monkeypatch)
     assert 'data-kind="ok"' in final and MODELS.loaded("random") is not None
 
 
-def test_a_run_that_waits_for_the_load_is_its_warm_up(monkeypatch):
-    """Alone, a load warms the pair up; with a run queued behind it, that run's first passes are the warm-up, so
-    the run starts as soon as the models are in."""
-    warmed = []
-    monkeypatch.setattr(models, "warm_up", warmed.append)
+def test_a_run_that_waits_for_the_load_stops_its_warm_up(monkeypatch):
+    """Alone, a load warms the pair up (two short runs); a run that waits for the load stops the warm-up at its next
+    round (its own first passes finish it) and nothing warms up again before that run decodes."""
+    calls = []
+    real_generate = models.generate
+    monkeypatch.setattr(models, "generate", lambda *a, **k: calls.append(a[2]) or real_generate(*a, **k))
     fresh = models.Models(served="random")
     fresh.pair("random")
-    assert len(warmed) == 1
+    assert calls == ["sd", "via"]
     fresh.free()
+    calls.clear()
     with fresh.waiting_for("random"):
         pair = fresh.pair("random")
     fresh.ensure_warm(pair)  # what the waiting run calls before it decodes: nothing left to warm
-    assert len(warmed) == 1 and not fresh._waiting
+    assert calls == [] and not fresh._waiting
 
 
 def test_the_page_opens_on_a_small_labelled_recorded_run(tmp_path):

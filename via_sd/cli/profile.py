@@ -23,7 +23,8 @@ def write_prior(path: str, preset: str, profile) -> None:
     from pathlib import Path
 
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    about = (f"the {preset} pair in {profile.key.get('weights')} on route {profile.key.get('route')}, measured by "
+    route = ", ".join(profile.key.get("route") or []) or "none"
+    about = (f"the {preset} pair in {profile.key.get('weights')} on route {route}, measured by "
              f"python -m via_sd profile on {profile.key.get('device_name')}, {profile.key.get('threads')} threads, "
              f"{when}: what runs price with until this machine has its own (via_sd/core/profile.py)")
     Path(path).write_text(json.dumps({"preset": preset, "about": about, "profile": profile.to_dict()}, indent=1) + "\n")
