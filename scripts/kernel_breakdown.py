@@ -36,7 +36,7 @@ from via_sd import load_pair  # noqa: E402
 from via_sd.core.cached import CachedModel, model_cache  # noqa: E402
 from via_sd.weights import lowbit_kernel  # noqa: E402
 from via_sd.weights.heads import RescoredHead  # noqa: E402
-from via_sd.weights.linears import Int4Linear, Int8Linear, kernel_rule  # noqa: E402
+from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear, kernel_rule  # noqa: E402
 
 
 def best_of(fn, repeats: int = 5) -> float:
@@ -127,8 +127,8 @@ class PartTimer:
         return run
 
     def part_of(self, module) -> str | None:
-        if isinstance(module, (Int4Linear, Int8Linear)):
-            kind = "int4" if isinstance(module, Int4Linear) else "int8"
+        if isinstance(module, (Int4Linear, Int6Linear, Int8Linear)):
+            kind = "int4" if isinstance(module, Int4Linear) else "int6" if isinstance(module, Int6Linear) else "int8"
             name = f"{kind} {module.out_features}x{module.in_features}"
             self.bytes[name] = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
             return name

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from via_sd.weights import lowbit_kernel
-from via_sd.weights.linears import Int4Linear, Int8Linear
+from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear
 
 pytestmark = pytest.mark.skipif(not lowbit_kernel.available(), reason=f"kernel not built: {lowbit_kernel.why_not()}")
 
@@ -20,12 +20,28 @@ def _layers(n, k, seed=0):
     g = torch.Generator().manual_seed(seed)
     w = torch.randn(n, k, generator=g) * 0.05
     w[:, :32] *= 8  # a group with larger weights than the rest, as real layers have
+    w[16:32] *= 1e-3  # a tile whose super-block scales are fp16 subnormals
+    w[32:48, 32:64] = 0  # groups of zeros
     return w, Int4Linear.from_float(w, tiles=True), Int8Linear.from_float([w], tiles=True)
+
+
+def int6_layer(n, k, seed=0):
+    """A Q6_K-like layer: random 6-bit codes, int8 sub-scales per 16 inputs times an fp16 scale per 256 (some of
+    them subnormal), or None where the shape is not whole super-blocks."""
+    if k % 256:
+        return None
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(0, 64, (n, k), generator=g, dtype=torch.uint8)
+    d = (torch.rand(n, k // 256, generator=g) * 2e-3).half()
+    d[: n // 4] *= 1e-3  # fp16 subnormals
+    sc = torch.randint(-128, 128, (n, k // 16), generator=g).float()
+    return Int6Linear.from_codes([(q, d.float().repeat_interleave(16, 1) * sc)])
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
 def test_every_instruction_set_gives_the_same_bits_and_each_row_its_own(n, k):
     _, int4, int8 = _layers(n, k)
+    int6 = int6_layer(n, k)
     x = torch.randn(16, k, generator=torch.Generator().manual_seed(1))
     x[:, 5] *= 30  # an outlier channel, as residual streams have
     paths = range(lowbit_kernel.isa() + 1)  # generic, AVX2, AVX-512 VNNI: those this CPU runs
@@ -36,6 +52,10 @@ def test_every_instruction_set_gives_the_same_bits_and_each_row_its_own(n, k):
         assert all(torch.equal(y, y4[0]) for y in y4) and all(torch.equal(y, y8[0]) for y in y8), rows
         assert torch.equal(y4[0][rows - 1:], int4(x[rows - 1:rows])), rows  # the last row, alone
         assert torch.equal(y8[0][rows - 1:, :n], int8(x[rows - 1:rows])), rows
+        if int6 is not None:
+            y6 = [lowbit_kernel.int6_mm(xs, int6.weight, int6.scales, p) for p in paths]
+            assert all(torch.equal(y, y6[0]) for y in y6), rows
+            assert torch.equal(y6[0][rows - 1:], int6(x[rows - 1:rows])), rows
 
 
 @pytest.mark.parametrize("n,k", SHAPES)
@@ -45,8 +65,9 @@ def test_the_kernel_is_close_to_fp32_and_to_torchs_kernel(n, k):
     w, int4, int8 = _layers(n, k)
     torch4 = Int4Linear.from_float(w, tiles=False)
     x = torch.randn(9, k, generator=torch.Generator().manual_seed(2))
+    int6 = int6_layer(n, k)
     for layer, reference in ((int4, x @ int4.dequantize().T), (int8, x @ int8.dequantize().T),
-                             (int4, torch4(x))):
+                             (int4, torch4(x)), *(() if int6 is None else ((int6, x @ int6.dequantize().T),))):
         assert (layer(x) - reference).norm() <= 1e-2 * reference.norm()
     top = (x @ w.T).argmax(-1)
     assert (int4(x).argmax(-1) == top).float().mean() >= 0.75  # random weights: near-ties are common
@@ -117,11 +138,15 @@ def test_a_call_too_large_for_the_kept_buffer_gives_each_row_its_own_bits():
     """Above 4M activation values (a long prompt) a call quantizes into a buffer of its own, in parallel; each row
     still gets the bits it gets alone (kept buffer), on every path."""
     _, int4, int8 = _layers(32, 32)
+    int6 = int6_layer(16, 256)
     x = torch.randn((1 << 17) + 9, 32, generator=torch.Generator().manual_seed(3))
-    some = [0, 1, 70000, x.shape[0] - 1]
+    x6 = torch.randn((1 << 14) + 9, 256, generator=torch.Generator().manual_seed(4))
+    some = [0, 1, 16000, x6.shape[0] - 1]
     for path in range(lowbit_kernel.isa() + 1):
         y4 = lowbit_kernel.int4_mm(x, int4.packed, int4.scales, path)
         y8 = lowbit_kernel.int8_mm(x, int8.weight, int8.scale, path)
+        y6 = lowbit_kernel.int6_mm(x6, int6.weight, int6.scales, path)
         for r in some:
             assert torch.equal(y4[r], lowbit_kernel.int4_mm(x[r:r + 1].contiguous(), int4.packed, int4.scales, 0)[0])
             assert torch.equal(y8[r], lowbit_kernel.int8_mm(x[r:r + 1].contiguous(), int8.weight, int8.scale, 0)[0])
+            assert torch.equal(y6[r], lowbit_kernel.int6_mm(x6[r:r + 1].contiguous(), int6.weight, int6.scales, 0)[0])

@@ -14,7 +14,7 @@ from gguf.quants import dequantize, quantize
 from via_sd import DecodeConfig, Trace, generate, load_pair
 from via_sd.weights.gguf_pack import Entries, UnsupportedTensorType, decompose, gguf_tensors
 from via_sd.weights import lowbit_kernel
-from via_sd.weights.settings import Int4Linear, Int8Linear, LowbitEmbedding, RescoredHead, quantize_int4, resolve_weights
+from via_sd.weights.settings import Int4Linear, Int6Linear, Int8Linear, LowbitEmbedding, RescoredHead, quantize_int4, resolve_weights
 
 ROWS, COLS = 64, 512
 GREEDY = DecodeConfig(gamma=4, max_new_tokens=24)
@@ -95,11 +95,17 @@ def test_int4_linear_equals_the_dequantized_fp32_linear(tiles):
     assert layer.layout == ("tiles" if tiles else "torch")
     x = torch.randn(3, 7, 256)
     dense = layer.dequantize()
-    # the int4 grid itself: each weight within half a step, plus the bf16 rounding of the scale and of the zero
-    # (torch's layout) or of the offset zero - 8 * scale (the project's)
-    q, scale, zero = quantize_int4(w)
-    step, zero = scale.repeat_interleave(32, dim=1), zero.repeat_interleave(32, 1)
-    assert ((dense - w).abs() <= 0.5 * step + 2 ** -8 * (16 * step + zero.abs())).all()
+    # Q4_K's grid: each weight within half a step of the group's min / max grid, plus what putting the scale and
+    # the min on their super-block's grid (fp16 d times 6 bits) moved them; torch's layout: the bf16 rounding of
+    # the scale and of the zero too
+    q, scale, offset = quantize_int4(w)
+    lo, hi = torch.aminmax(w.view(192, -1, 32), dim=-1)
+    lo = lo.clamp(max=0)
+    moved = (offset - lo).abs() + 15 * (scale - (hi - lo) / 15).abs()
+    step, offset, moved = (t.repeat_interleave(32, 1) for t in (scale, offset, moved))
+    assert ((dense - w).abs() <= 0.5 * step + moved + (0 if tiles else 2 ** -8 * (16 * step + offset.abs()))).all()
+    if tiles:  # the layout holds them exactly
+        assert torch.equal(dense, q.float() * step + offset)
     y = layer(x)
     assert y.shape == (3, 7, 192) and y.dtype == torch.float32
     if tiles:  # activations as int8 per group of 32 (127 steps of the group's largest): ~0.5% of the output
@@ -110,7 +116,7 @@ def test_int4_linear_equals_the_dequantized_fp32_linear(tiles):
         assert (y - reference).abs().max() <= 1e-2 * reference.abs().max()
 
 
-def test_q4_k_weights_become_int4_exactly_up_to_bf16_scales():
+def test_q4_k_weights_become_int4_exactly():
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, LlamaConfig
 
@@ -137,10 +143,13 @@ def test_q4_k_weights_become_int4_exactly_up_to_bf16_scales():
     assert isinstance(model.lm_head, RescoredHead) and isinstance(head, Int4Linear)
     assert isinstance(embed, LowbitEmbedding)
     assert torch.equal(embed(torch.arange(64)), reference)  # the embedding keeps the GGUF codes as they are
+    if head.layout == "tiles":  # the project's layout holds Q4_K exactly: the gguf package's own de-quantized values
+        assert torch.equal(head.dequantize(), reference)
+        return
     scale = torch.from_numpy(codes.scale).repeat_interleave(32, 1)
     offset = torch.from_numpy(codes.offset).repeat_interleave(32, 1)
     bound = 2 ** -8 * (8 * scale + torch.maximum((offset + 8 * scale).abs(), offset.abs()))
-    # same codes; scale and zero (torch's layout) or offset (the project's) rounded to bf16
+    # torch's layout: same codes; scale and zero rounded to bf16
     assert ((head.dequantize() - reference).abs() <= bound).all()
 
 
@@ -213,14 +222,20 @@ def codes_model(kinds: dict[str, str], exact_top1: bool = True):
     return build_model(config, Entries(tensors, meta), "int4", exact_top1=exact_top1), reference
 
 
-def test_wider_gguf_tensors_become_int8_and_the_head_is_rescored_exactly():
-    down, head = "model.layers.0.mlp.down_proj.weight", "lm_head.weight"
-    model, reference = codes_model({down: "Q6_K", head: "Q6_K", "model.layers.0.mlp.up_proj.weight": "Q5_K"})
-    layer = model.model.layers[0].mlp.down_proj
-    assert isinstance(layer, Int8Linear) and isinstance(model.model.layers[0].mlp.up_proj, Int8Linear)
-    w = reference[down]  # 6-bit values -> int8 per row: within half a step (+ the bf16 row scale)
+def test_q6_k_tensors_stay_exact_other_wide_ones_become_int8_and_the_head_is_rescored_exactly():
+    down, up, head = "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"
+    model, reference = codes_model({down: "Q6_K", head: "Q6_K", up: "Q5_K"})
+    layer, x = model.model.layers[0].mlp.down_proj, torch.randn(5, 256)
+    if lowbit_kernel.available():  # the project's kernel holds Q6_K as the file does: the gguf package's values
+        assert isinstance(layer, Int6Linear) and torch.equal(layer.dequantize(), reference[down])
+        exact = x @ reference[down].t()  # activations as int8 per group of 32: ~0.5% of the output
+        assert (layer(x) - exact).norm() <= 1e-2 * exact.norm()
+    else:
+        assert isinstance(layer, Int8Linear)
+    layer = model.model.layers[0].mlp.up_proj
+    assert isinstance(layer, Int8Linear)
+    w = reference[up]  # 5-bit values -> int8 per row: within half a step (+ the bf16 row scale)
     assert ((layer.dequantize() - w).abs().amax(1) <= w.abs().amax(1) * (1 / 254 + 2 ** -8)).all()
-    x = torch.randn(5, 256)
     exact = x.bfloat16().float() @ layer.dequantize().t()
     assert (layer(x) - exact).abs().max() <= 1e-2 * exact.abs().max()  # the kernel returns bf16
     # the head: int4 of 6-bit values ranks the vocabulary, its best 16 are re-scored from the codes

@@ -1,6 +1,6 @@
 """A transformers model built from GGUF codes in a `weights=` setting, one tensor at a time.
 
-For int4: 4-bit GGUF tensors keep their codes in the kernel's layout, wider ones become int8 or
+For int4: Q4_K tensors keep their codes, scales and offsets exactly in the kernel's layout, others become int8 or
 re-quantized int4, the verifier's head re-scores its best logits (heads.RescoredHead), the drafter's
 head scores only the most frequent tokens (heads.FrequentHead, from the shipped list in
 assets/token_freq/), and q/k/v and gate/up run as one matmul each (fused.py).
@@ -18,7 +18,7 @@ import torch
 from .fused import fuse_linears
 from .gguf_codes import dequantize_codes
 from .heads import FrequentHead, LowbitEmbedding, RescoredHead
-from .linears import GROUP, Int4Linear, Int8Linear, int4_shape_ok, int8_shape_ok, quantize_int4
+from .linears import Int4Linear, Int6Linear, Int8Linear, int4_shape_ok, int8_shape_ok, quantize_int4, use_tiles
 
 # the drafter head's tokens: c 0.373 (N 32768: 0.367, 65536: 0.41; whole head 0.439), 0.951 of the
 # verifier's greedy tokens in it (32768: 0.909); benchmarks/weights_passes.py --drafter,
@@ -77,11 +77,11 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
     """A transformers causal LM from codes / float tensors, in the requested weights setting,
     one tensor at a time (the whole float model exists only for fp32 / bf16).
 
-    int4: 4-bit tensors (group 32) keep their codes in the int4 kernel's layout; float tensors are
-    quantized to int4. With `exact_top1` (a verifier: its top-1 is the output) tensors stored at 5-8
-    bits become per-channel int8 (Int8Linear) and the output head re-scores its best logits exactly
-    (RescoredHead); without (a drafter: it only proposes, and int8 made it 1.6x slower) they are
-    re-quantized to int4 too.
+    int4: Q4_K tensors keep their codes, scales and offsets in the int4 kernel's layout (exactly); float tensors
+    are quantized to int4. With `exact_top1` (a verifier: its top-1 is the output) Q6_K tensors keep theirs too
+    (Int6Linear, with the project's kernel), tensors of other types become per-channel int8 (Int8Linear), and
+    the output head re-scores its best logits exactly (RescoredHead); without (a drafter: it only proposes, and
+    int8 made it 1.6x slower) they are re-quantized to int4 too.
 
     `fuse` (int4): q/k/v and gate/up as one int4 matmul each (fused.py; bit for bit the same outputs, and one
     quantization of the input serves every part); None: yes, verifier and drafter alike.
@@ -169,25 +169,27 @@ class _Builder:
                 return None
             return Int4Linear.from_codes((quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, n, rows)), bias)
         info = entries.meta[w]
-        exact4 = info["bits"] == 4 and info["group"] == GROUP
+        exact4 = info["type"] == "Q4_K"  # the kernel's int4 layout holds Q4_K exactly
         if module is self.head and self.exact_top1 and int4_shape_ok(n, k):
             return RescoredHead(Int4Linear.from_codes(self.int4_chunks(w), bias), entries.exact_rows(w))
         if (exact4 or not self.exact_top1) and int4_shape_ok(n, k):
             return Int4Linear.from_codes(self.int4_chunks(w), bias)
+        if info["type"] == "Q6_K" and use_tiles() and Int6Linear.shape_ok(n, k):
+            codes, scale, _, _ = entries.codes(w)
+            return Int6Linear.from_codes(((codes[i:i + rows], scale[i:i + rows]) for i in range(0, n, rows)), bias)
         if int8_shape_ok(n, k):
             return Int8Linear.from_float((entries.dequantize(w, slice(i, i + rows)) for i in range(0, n, rows)), bias)
         return None
 
     def int4_chunks(self, name: str):
-        """Row chunks of codes, scale and zero in the int4 kernel's numbers: 4-bit codes of group 32 re-packed as
-        they are, anything else (5-, 6-, 8-bit, group 16) re-quantized to 4 bits from the exact values."""
+        """Row chunks of codes, scale and offset in the int4 kernel's numbers: Q4_K codes, scales and offsets as
+        they are, anything else (Q4_0, Q4_1, 5-, 6-, 8-bit, group 16) re-quantized to Q4_K's grid from the exact
+        values."""
         codes, scale, offset, info = self.entries.codes(name)
         for i in range(0, codes.shape[0], self.rows):
             part = slice(i, i + self.rows)
-            if info["bits"] == 4 and info["group"] == GROUP:
-                s = scale[part].float()
-                zero = (8 - info["zero"]) * s + (offset[part].float() if offset is not None else 0)
-                yield codes[part], s, zero
+            if info["type"] == "Q4_K":
+                yield codes[part], scale[part].float(), offset[part].float()
             else:
                 yield quantize_int4(dequantize_codes(codes, scale, offset, info, part))
 

@@ -5,8 +5,10 @@ Every low-bit pass, of any row count, takes one kernel, chosen once per process 
 every x86 path, weights read once per call whatever the rows) where it builds, else torch's
 `_weight_int4pack_mm_for_cpu` / `_weight_int8pack_mm` on bf16 activations. Either computes every output row and
 column on its own, so stacking output features (fused.py) or rows changes no bit: greedy SD equals greedy AR.
-`Int4Linear`: group-wise int4 weights (groups of 32 along the input dimension, w = (q - 8) * scale + zero).
-`Int8Linear`: per-channel int8 for the tensors a GGUF keeps at 5-8 bits. Each holds its weights in the layout of
+`Int4Linear`: group-wise int4 weights (groups of 32 along the input dimension, w = q * scale + offset, scale and
+offset on Q4_K's grid: fp16 d and dmin per 256 weights times 6-bit integers per 32).
+`Int6Linear`: a GGUF's Q6_K tensors as they are (the project's kernel only).
+`Int8Linear`: per-channel int8 for the tensors a GGUF keeps at 5-8 bits otherwise. Each holds its weights in the layout of
 the kernel in use ("tiles" for ours, "torch" for torch's).
 """
 
@@ -16,10 +18,9 @@ import torch
 from torch import nn
 
 from . import lowbit_kernel
+from .tiles import GROUP, TILE, pack_int4, pack_int6, quantize_int4, unpack_int4, unpack_int6  # noqa: F401
 
-GROUP = 32
 BLOCK_N = 64       # layers of whole 64-row blocks take torch's CPU packing (blocks of 64 or 32 rows: _torch_block)
-TILE = 16          # outputs side by side in the project's kernel layout
 # Which path a low-bit pass takes, recorded in every trace (models.describe). Never a timing: a path chosen by a
 # timing at set-up once made a prompt's numbers depend on the machine.
 KERNEL_RULE = "one low-bit kernel at every row count, chosen at load: the project's where it builds, else torch's"
@@ -49,17 +50,6 @@ def int4_available() -> bool:
 def int4_shape_ok(out_features: int, in_features: int) -> bool:
     """What torch's CPU int4 kernel takes: rows a multiple of 16, columns of the group size."""
     return out_features % 16 == 0 and in_features % GROUP == 0
-
-
-def quantize_int4(w: torch.Tensor, group: int = GROUP):
-    """Float [N, K] -> (codes uint8 0..15, scale, zero) per group of `group` columns, asymmetric
-    min/max as gpt-fast: w ~= (q - 8) * scale + zero."""
-    n, k = w.shape
-    g = w.reshape(n, k // group, group).float()
-    lo, hi = torch.aminmax(g, dim=-1)
-    scale = ((hi - lo) / 15).clamp(min=1e-6)
-    g = (g - lo[..., None]).mul_((1 / scale)[..., None]).round_().clamp_(0, 15)  # one copy, then in place
-    return g.to(torch.uint8).reshape(n, k), scale, lo + 8 * scale
 
 
 def pack_nibbles(codes):
@@ -112,26 +102,6 @@ def _pack(q: torch.Tensor) -> torch.Tensor:
     return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
 
 
-def _pack_tiles(q: torch.Tensor, scale: torch.Tensor, m: torch.Tensor):
-    """Codes [n, K] (0..15), scale and offset m [n, K / 32] (w = q s + m) -> the project's kernel layout
-    (lowbit_kernel.cpp): codes uint8 [n / 16, K / 32, 256], and bf16 [n / 16, K / 32, 2, 16] holding s, then m."""
-    n, k = q.shape
-    t, g = n // TILE, k // GROUP
-    q6 = q.to(torch.uint8).view(t, TILE, g, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)  # tile, group, quad pair, out, i, half
-    codes = (q6[..., 0] | (q6[..., 1] << 4)).reshape(t, g, 256).contiguous()
-    sm = torch.stack([scale.float().view(t, TILE, g), m.view(t, TILE, g)], 1).permute(0, 3, 1, 2)
-    return codes, sm.to(torch.bfloat16).contiguous()
-
-
-def _unpack_tiles(codes: torch.Tensor, sm: torch.Tensor):
-    """The inverse of _pack_tiles: codes [n, K] and (s, m) [n, K / 32] as float32."""
-    t, g = codes.shape[:2]
-    b = codes.view(t, g, 4, TILE, 4)
-    q = torch.stack([b & 15, b >> 4], -1).permute(0, 3, 1, 2, 5, 4).reshape(t * TILE, g * GROUP)
-    s, m = sm.float().permute(0, 3, 1, 2).reshape(t * TILE, g, 2).unbind(-1)
-    return q, s, m
-
-
 class Int4Linear(nn.Module):
     """y = x @ W.T + b with W held as group-wise int4 in the layout of the kernel in use (`layout`), which computes
     every row on its own: a pass over k rows gives each row the bits a one-row pass gives it."""
@@ -140,7 +110,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.group = group
         self.layout = "tiles" if packed.dim() == 3 else "torch"
-        if self.layout == "tiles":  # codes [N / 16, K / 32, 256], scales [N / 16, K / 32, 2, 16]
+        if self.layout == "tiles":  # codes [N / 16, K / 32, 256], scales uint8 [N / 16, ceil(K / 256), 256]
             self.in_features, self.out_features = packed.shape[1] * group, packed.shape[0] * TILE
         else:  # torch's: scales_and_zeros [K / group, N, 2]
             self.in_features, self.out_features = scales.shape[0] * group, scales.shape[1]
@@ -152,25 +122,28 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_codes(cls, chunks, bias=None, tiles: bool | None = None) -> "Int4Linear":
-        """From (codes 0..15 [n, K], scale [n, K/32], zero [n, K/32]) row chunks (multiples of 64 rows
-        but the last), packed chunk by chunk so no int32 copy of a large weight ever exists."""
+        """From (codes 0..15 [n, K], scale [n, K/32], offset [n, K/32]) row chunks, w = q * scale + offset
+        (multiples of 64 rows but the last), packed chunk by chunk so no int32 copy of a large weight ever exists.
+        The project's layout holds Q4_K's scales and offsets exactly (the GGUF's, or quantize_int4's); torch's
+        rounds them to bf16."""
         tiles = use_tiles() if tiles is None else tiles
         packed, scales = [], []
-        for q, scale, zero in chunks:
+        for q, scale, offset in chunks:
             if not int4_shape_ok(*q.shape):
                 raise ValueError(f"the int4 kernel cannot take a {q.shape[0]}x{q.shape[1]} weight")
             if tiles:
-                codes, sm = _pack_tiles(q, scale, zero.float() - 8 * scale.float())
+                codes, blocks = pack_int4(q, scale, offset)
                 packed.append(codes)
-                scales.append(sm)
+                scales.append(blocks)
             else:
+                zero = offset.float() + 8 * scale.float()
                 packed.append(_pack(q))
-                scales.append(torch.stack([scale.float(), zero.float()], -1).transpose(0, 1).to(torch.bfloat16))
+                scales.append(torch.stack([scale.float(), zero], -1).transpose(0, 1).to(torch.bfloat16))
         return cls(torch.cat(packed, 0), torch.cat(scales, 0 if tiles else 1).contiguous(), bias)
 
     @classmethod
     def from_float(cls, weight: torch.Tensor, bias=None, rows: int = 4096, tiles: bool | None = None) -> "Int4Linear":
-        """Quantizes a float [N, K] weight group-wise (min / max per group of 32)."""
+        """Quantizes a float [N, K] weight group-wise (quantize_int4: min / max per group of 32, as Q4_K)."""
         weight = weight.detach()
         chunks = (quantize_int4(weight[i:i + rows]) for i in range(0, weight.shape[0], rows))
         return cls.from_codes(chunks, bias, tiles)
@@ -188,15 +161,6 @@ class Int4Linear(nn.Module):
         return cls(torch.cat([p.packed for p in parts]), torch.cat([p.scales for p in parts], 0 if tiles else 1),
                    bias, parts[0].group)
 
-    def codes(self):
-        """(codes [N, K] 0..15, scale, zero [N, K / 32] float32): the weights as w = (q - 8) * scale + zero."""
-        n, k = self.out_features, self.in_features
-        if self.layout == "tiles":
-            q, s, m = _unpack_tiles(self.packed, self.scales)
-            return q, s, m + 8 * s
-        sz = self.scales.float().transpose(0, 1)  # [N, K / group, 2]
-        return _unpack(self.packed, n, k), sz[..., 0], sz[..., 1]
-
     def select_rows(self, ids: torch.Tensor) -> "Int4Linear":
         """A layer of only the output features `ids` (a multiple of 16 of them), same codes and scales."""
         n, k = self.out_features, self.in_features
@@ -204,9 +168,9 @@ class Int4Linear(nn.Module):
             raise ValueError(f"cannot select {len(ids)} of the rows of a {n}x{k} int4 layer")
         if self.layout == "tiles":
             t = torch.unique(ids // TILE)  # only the tiles that hold a chosen row are unpacked
-            q, s, m = _unpack_tiles(self.packed[t], self.scales[t])
+            q, s, m = unpack_int4(self.packed[t], self.scales[t])
             where = torch.searchsorted(t, ids // TILE) * TILE + ids % TILE
-            packed, sm = _pack_tiles(q[where], s[where], m[where])
+            packed, sm = pack_int4(q[where], s[where], m[where])
             bias = None if self.bias is None else self.bias[ids]
             return type(self)(packed, sm, bias, self.group)
         block = _torch_block()
@@ -224,10 +188,11 @@ class Int4Linear(nn.Module):
         return self.packed
 
     def dequantize(self) -> torch.Tensor:
-        """W as float32 [N, K], what the kernel multiplies by (bf16 scales and offsets)."""
+        """W as float32 [N, K], what the kernel multiplies by (the project's layout: Q4_K's exact values; torch's:
+        bf16 scales and zeros)."""
         n, k = self.out_features, self.in_features
         if self.layout == "tiles":
-            q, s, m = _unpack_tiles(self.packed, self.scales)
+            q, s, m = unpack_int4(self.packed, self.scales)
             return (q.float().view(n, -1, self.group) * s[..., None] + m[..., None]).view(n, k)
         q = _unpack(self.packed, n, k).float().view(n, k // self.group, self.group)
         sz = self.scales.float().transpose(0, 1)  # [N, K / group, 2]
@@ -246,6 +211,47 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, {self.layout}"
+
+
+class Int6Linear(nn.Module):
+    """y = x @ W.T + b with W a GGUF's Q6_K tensor held exactly (tiles.pack_int6: 6-bit codes, an int8 scale per 16
+    inputs, an fp16 one per 256), run by the project's kernel: the verifier's tensors the GGUF keeps at 6 bits, at
+    the file's size and values (per-channel int8 re-quantization moved the verifier's top-1)."""
+
+    layout = "tiles"
+
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, bias=None):
+        super().__init__()
+        self.in_features, self.out_features = codes.shape[1] * GROUP, codes.shape[0] * TILE
+        self.weight = nn.Parameter(codes, requires_grad=False)
+        self.register_buffer("scales", scales)
+        self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
+
+    @staticmethod
+    def shape_ok(out_features: int, in_features: int) -> bool:
+        return out_features % TILE == 0 and in_features % 256 == 0
+
+    @classmethod
+    def from_codes(cls, chunks, bias=None) -> "Int6Linear":
+        """From (Q6_K codes 0..63 [n, K], scales [n, K / 16]) row chunks (multiples of 16 rows), w = (q - 32) s."""
+        packed = [pack_int6(q, scale) for q, scale in chunks]
+        return cls(torch.cat([c for c, _ in packed]), torch.cat([s for _, s in packed]), bias)
+
+    def dequantize(self) -> torch.Tensor:
+        """W as float32 [N, K]: the gguf package's de-quantized values."""
+        q, scale = unpack_int6(self.weight, self.scales)
+        n, k = self.out_features, self.in_features
+        return ((q.float() - 32).view(n, -1, 16) * scale[..., None]).view(n, k)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        y = lowbit_kernel.int6_mm(x.reshape(-1, self.in_features).float().contiguous(), self.weight, self.scales)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.view(*shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, Q6_K, tiles"
 
 
 def int8_shape_ok(out_features: int, in_features: int) -> bool:

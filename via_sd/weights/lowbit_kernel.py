@@ -142,10 +142,17 @@ def _loaded():
 
 
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, path: int | None = None) -> torch.Tensor:
-    """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/16, K/32, 256], `sm` bf16
-    [N/16, K/32, 2, 16]: scales, then offsets)."""
+    """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/16, K/32, 256], `sm` uint8
+    [N/16, ceil(K/256), 256]: Q4_K's super-blocks, fp16 d and dm and 6-bit sub-scales and mins)."""
     kernel = _loaded()
     return kernel.int4_mm(x, codes, sm, _state["isa"] if path is None else path)
+
+
+def int6_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, path: int | None = None) -> torch.Tensor:
+    """x float32 [M, K] @ W.T, W Q6_K in the kernel's layout (`codes` uint8 [N/16, K/32, 384], `scales` uint8
+    [N/16, K/256, 288]: fp16 d and int8 sub-scales per 16 inputs)."""
+    kernel = _loaded()
+    return kernel.int6_mm(x, codes, scales, _state["isa"] if path is None else path)
 
 
 def int8_mm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, path: int | None = None) -> torch.Tensor:

@@ -3,17 +3,17 @@
     fp32      float32 everywhere (the reference)
     bf16      bfloat16 everywhere
     int4      every linear as 4-bit codes, groups of 32 along the input dimension,
-              w = (q - 8) * scale + zero, run by the project's kernel (lowbit_kernel.cpp: activations as
-              int8 per group of 32) or, where it cannot build, torch's `_weight_int4pack_mm_for_cpu` (bf16
-              activations); everything else (norms, attention, residual) stays fp32. From a GGUF: its 4-bit tensors
-              keep their own codes; tensors it stores at 5-8 bits become per-channel int8 (Int8Linear)
-              rather than lose bits; the output head's best 16 logits are re-scored exactly
-              (RescoredHead)
+              w = q * scale + offset on Q4_K's grid, run by the project's kernel (lowbit_kernel.cpp: activations
+              as int8 per group of 32) or, where it cannot build, torch's `_weight_int4pack_mm_for_cpu` (bf16
+              activations); everything else (norms, attention, residual) stays fp32. From a GGUF: its Q4_K tensors
+              keep their own codes and scales exactly; in a verifier its Q6_K tensors too (Int6Linear, the
+              project's kernel) and tensors it stores otherwise at 5-8 bits become per-channel int8 (Int8Linear)
+              rather than lose bits; the output head's best 16 logits are re-scored exactly (RescoredHead)
     auto      CPU: int4 (the fastest setting whose teacher-forced top-1 agreement with fp32 is at
               least 0.99 on the bench prompts: BENCHMARKS.md); CUDA: bf16
 
-The pieces live beside this module: linears.py (the int4 / int8 linears and their layouts), lowbit_kernel.py (the
-kernel), heads.py (the
+The pieces live beside this module: linears.py (the int4 / int6 / int8 linears), tiles.py (the kernel's layouts),
+lowbit_kernel.py (the kernel), heads.py (the
 embedding and output heads), fused.py (q/k/v and gate/up as one int4 matmul each); their public names are re-exported here.
 """
 
@@ -24,10 +24,10 @@ from torch import nn
 
 from .fused import fuse_linears
 from .heads import FrequentHead, LowbitEmbedding, RescoredHead
-from .linears import (BLOCK_N, GROUP, KERNEL_RULE, Int4Linear, Int8Linear, int4_available, int4_shape_ok, int8_shape_ok,
+from .linears import (BLOCK_N, GROUP, KERNEL_RULE, Int4Linear, Int6Linear, Int8Linear, int4_available, int4_shape_ok, int8_shape_ok,
                    kernel_rule, pack_nibbles, quantize_int4, unpack_nibbles)
 
-__all__ = ["WEIGHTS", "GROUP", "BLOCK_N", "KERNEL_RULE", "Int4Linear", "Int8Linear", "RescoredHead",
+__all__ = ["WEIGHTS", "GROUP", "BLOCK_N", "KERNEL_RULE", "Int4Linear", "Int6Linear", "Int8Linear", "RescoredHead",
            "FrequentHead", "LowbitEmbedding", "apply_weights", "fuse_linears", "int4_available",
            "int4_shape_ok", "int8_shape_ok", "kernel_rule", "pack_nibbles", "quantize_int4",
            "resolve_weights", "to_int4", "unpack_nibbles"]
