@@ -12,7 +12,7 @@ from benchmarks import ab, code_path_cost, cost_targets, first_token, harness, m
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN_HERE = {"ab", "app_timings", "code_path_cost", "cost_targets", "first_token", "memory", "weights_passes"}
-RUN_ELSEWHERE = {"lookup_ceiling": "tests/test_drafters.py"}
+RUN_ELSEWHERE = {"lookup_ceiling": "tests/test_drafters.py", "kernel_fidelity": "tests/test_weights.py"}
 
 
 def test_every_benchmark_is_run_by_a_test_and_none_edits_sys_path():

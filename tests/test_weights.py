@@ -197,10 +197,16 @@ def test_asking_for_cuda_without_one_is_a_clear_error_not_a_cpu_pair():
 def codes_model(kinds: dict[str, str], exact_top1: bool = True):
     """A one-layer Llama whose tensors named in `kinds` are GGUF codes of that type (random valid
     blocks), the rest random floats; returns (the int4 model, {name: reference fp32 weight})."""
+    from via_sd.weights.gguf_pack import build_model
+
+    config, entries, reference = codes_entries(kinds)
+    return build_model(config, entries, "int4", exact_top1=exact_top1), reference
+
+
+def codes_entries(kinds: dict[str, str]):
+    """(config, Entries, {name: reference fp32 weight}) of codes_model's one-layer Llama."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from via_sd.weights.gguf_pack import build_model
 
     config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
                          num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
@@ -219,7 +225,29 @@ def codes_model(kinds: dict[str, str], exact_top1: bool = True):
             reference[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kinds[name]]).reshape(param.shape))
         else:
             tensors[name] = torch.randn(param.shape, generator=g) * 0.02
-    return build_model(config, Entries(tensors, meta), "int4", exact_top1=exact_top1), reference
+    return config, Entries(tensors, meta), reference
+
+
+def test_kernel_fidelity_counts_the_top1_each_departure_from_the_gguf_values_moves(capsys):
+    """benchmarks/kernel_fidelity.py on a one-layer model of Q4_K and Q6_K tensors: the exact variant agrees
+    everywhere, and each emulated departure (and the kernel's model) is counted over every position."""
+    from benchmarks import kernel_fidelity
+    from via_sd.weights.gguf_pack import build_model
+
+    config, entries, _ = codes_entries({"model.layers.0.mlp.gate_proj.weight": "Q4_K",
+                                        "model.layers.0.mlp.down_proj.weight": "Q6_K"})
+    model = build_model(config, entries, "fp32")
+    g = torch.Generator().manual_seed(5)
+    refs = [(torch.randint(0, 64, (6,), generator=g).tolist(), torch.randint(0, 64, (10,), generator=g).tolist())
+            for _ in range(3)]
+    names = ["exact", "act32", "q4k_bf16", "q6k_int8", "kernel"]
+    rows = kernel_fidelity.measure(model, entries, refs, names, config)
+    assert [r["variant"] for r in rows] == names and all(r["positions"] == 30 for r in rows)
+    assert rows[0]["agreement"] == 1.0 and all(0 <= r["agreement"] <= 1 for r in rows)
+    x = torch.randn(4, 2, 32)  # int8 per group of 32: within half a step (max |v| / 254) of each group's values
+    error = (kernel_fidelity.quantized_input(x.view(4, 64), 32).view(4, 2, 32) - x).abs().amax(-1)
+    assert (error <= x.abs().amax(-1) / 254 * (1 + 1e-5)).all() and (error > 0).all()
+    assert '"variant": "kernel"' in capsys.readouterr().out
 
 
 def test_q6_k_tensors_stay_exact_other_wide_ones_become_int8_and_the_head_is_rescored_exactly():
