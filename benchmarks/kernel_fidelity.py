@@ -10,6 +10,7 @@ in the order of its float sums):
     act        activations quantized to int8 per row and group of `act` values (max |v| / 127), as the kernel does
     q4k_bf16   the Q4_K tensors' per-32 scale and offset rounded to bf16 (the kernel's old tile layout)
     q6k_int8   the Q6_K layer tensors re-quantized to per-channel int8 (Int8Linear)
+    act_only   ... only the inputs of the linears whose names hold one of these (where the loss is)
     head_int8  the output head's input quantized too (its logits are re-scored exactly in the shipped model, so
                this only shows what re-scoring saves)
 and `kernel`: the int4 verifier as built (the project's kernel). One JSON line per variant.
@@ -36,6 +37,10 @@ VARIANTS = {
     "q4k_bf16+q6k_int8": {"q4k_bf16": True, "q6k_int8": True},
     "act32+q4k_bf16+q6k_int8 (old layout)": {"act": 32, "q4k_bf16": True, "q6k_int8": True},
     "act32+head": {"act": 32, "head_int8": True},
+    "act32 q/k/v only": {"act": 32, "act_only": ["q_proj", "k_proj", "v_proj"]},
+    "act32 o only": {"act": 32, "act_only": ["o_proj"]},
+    "act32 gate/up only": {"act": 32, "act_only": ["gate_proj", "up_proj"]},
+    "act32 down only": {"act": 32, "act_only": ["down_proj"]},
     "act16": {"act": 16},
     "act64": {"act": 64},
     "act256": {"act": 256},
@@ -50,23 +55,24 @@ def quantized_input(x: torch.Tensor, group: int) -> torch.Tensor:
     return (q * (amax / 127)).reshape(x.shape)
 
 
-def variant_weight(entries, name: str, spec: dict) -> torch.Tensor:
-    codes, scale, offset, info = entries.codes(name)
-    if info["type"] == "Q4_K" and spec.get("q4k_bf16"):
-        scale, offset = scale.bfloat16().float(), offset.bfloat16().float()
-    from via_sd.weights.gguf_codes import dequantize_codes
+def variant_weight(entries, name: str, spec: dict, exact: torch.Tensor) -> torch.Tensor:
+    """The weight `name` in the variant: `exact` (the GGUF's values) unless the variant changes its type."""
+    info = entries.meta[name] if entries.is_codes(name) else {}
+    if info.get("type") == "Q4_K" and spec.get("q4k_bf16"):
+        from via_sd.weights.gguf_codes import dequantize_codes
 
-    w = dequantize_codes(codes, scale, offset, info)
-    if info["type"] == "Q6_K" and spec.get("q6k_int8") and "lm_head" not in name:
-        s = w.abs().amax(1).clamp(min=1e-12) / 127
-        w = (w / s[:, None]).round_().clamp_(-127, 127) * s[:, None]
-    return w
+        codes, scale, offset, info = entries.codes(name)
+        return dequantize_codes(codes, scale.bfloat16().float(), offset.bfloat16().float(), info)
+    if info.get("type") == "Q6_K" and spec.get("q6k_int8") and "lm_head" not in name:
+        s = exact.abs().amax(1).clamp(min=1e-12) / 127
+        return (exact / s[:, None]).round().clamp_(-127, 127) * s[:, None]
+    return exact
 
 
 class Emulated(torch.nn.Module):
-    def __init__(self, weight: torch.Tensor, bias, act: int):
+    def __init__(self, exact: torch.Tensor, weight: torch.Tensor, bias, act: int):
         super().__init__()
-        self.weight, self.bias, self.act = weight, bias, act
+        self.exact, self.weight, self.bias, self.act = exact, weight, bias, act
 
     def forward(self, x):
         return F.linear(quantized_input(x, self.act) if self.act else x, self.weight, self.bias)
@@ -80,9 +86,11 @@ def apply(model, entries, spec: dict) -> None:
                 full = f"{name}.{child_name}" if name else child_name
                 head = full == "lm_head"
                 act = spec.get("act", 0) if (not head or spec.get("head_int8")) else 0
-                w = variant_weight(entries, f"{full}.weight", spec) if entries.is_codes(f"{full}.weight") \
-                    else child.weight
-                setattr(module, child_name, Emulated(w, child.bias, act))
+                if "act_only" in spec and not any(part in full for part in spec["act_only"]):
+                    act = 0
+                exact = child.exact if isinstance(child, Emulated) else child.weight
+                w = variant_weight(entries, f"{full}.weight", spec, exact)
+                setattr(module, child_name, Emulated(exact, w, child.bias, act))
 
 
 @torch.inference_mode()
