@@ -235,9 +235,12 @@ def test_compare_takes_every_setting_of_via_sd_generate(server):
     summary = result["methods"]["via"]["summary"]
     assert summary["exact_share"] == summary["tier_counts"]["full"] / summary["new_tokens"]
     assert 0 < summary["first_token_ms"] <= summary["wall_ms"]
-    drafted = [c for r in result["methods"]["via"]["trace"]["rounds"] for c in r["candidates"] if c["pos"] == 0]
-    kept = sum(c["decision"] in ("accepted", "kept") for c in drafted)
-    assert summary["acceptance_by_position"][0] == pytest.approx(kept / len(drafted))
+    # per draft position, the share of drafts kept (gamma "auto" may draft nothing on a loaded machine: then none)
+    candidates = [c for r in result["methods"]["via"]["trace"]["rounds"] for c in r["candidates"]]
+    positions = range(max((c["pos"] + 1 for c in candidates), default=0))
+    drafted = [[c for c in candidates if c["pos"] == k] for k in positions]
+    assert summary["acceptance_by_position"] == [
+        pytest.approx(sum(c["decision"] in ("accepted", "kept") for c in d) / len(d)) if d else None for d in drafted]
 
 
 @pytest.mark.parametrize("knob, value, words", [

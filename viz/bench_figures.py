@@ -11,7 +11,7 @@ from plotly.subplots import make_subplots
 
 from . import palette as P
 from ._trace import as_trace, is_number, thresholds_dict
-from .figstyle import _empty, _style
+from .figstyle import _empty, new_figure, _style
 
 def _bench_rows(results: Any) -> dict[str, dict]:
     """method -> {"tokens_per_s": mean, "std": spread or None, "n": runs}."""
@@ -189,7 +189,7 @@ def frontier_figure(sweep: list[dict], current: Any = None, theme: str = "light"
     points = [p for p in sweep if is_number(p.get("speedup")) and is_number(p.get("fidelity"))]
     if not points:
         return _empty("Speed-up vs fidelity", "no sweep results yet", theme)
-    fig = go.Figure()
+    fig = new_figure()
     tuned = [p for p in points if p.get("accept") is not None and p.get("escalate") is not None]
     _signal_points(fig, tuned, theme)
     _reference_points(fig, [p for p in points if p not in tuned])

@@ -12,7 +12,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from . import palette as P
-from .figstyle import _empty, _style
+from .figstyle import _empty, new_figure, _style
 from .page import SHORT, esc, fmt, plural
 
 EMPTY = ('<div class="via-costs" data-state="empty">After a run, this panel shows what a verification pass '
@@ -76,7 +76,7 @@ def cost_curve_figure(ks: list[int], V: list[float], s: list[float], c: float | 
     title = "What checking k tokens costs, in one-token verifier passes"
     if not ks:
         return _empty(title, "no cost profile recorded for this run", theme)
-    fig = go.Figure()
+    fig = new_figure()
     fig.add_scatter(x=ks, y=[float(k) for k in ks], mode="lines", name="k separate passes",
                     line=dict(color=P.neutral_color(theme), dash="dot"))
     fig.add_scatter(x=ks, y=[1.0] * len(ks), mode="lines", name="flat: a memory-bound GPU",

@@ -3,9 +3,12 @@ empty-figure message, display names, and text made safe for Plotly labels."""
 
 from __future__ import annotations
 
+import functools
 import html
+import json
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from . import palette as P
 from ._trace import trace_thresholds
@@ -23,6 +26,24 @@ def _esc(value) -> str:
 
 # ---- shared layout -------------------------------------------------------------------------------
 
+def new_figure() -> go.Figure:
+    """An empty figure that skips Plotly's per-property validation: it re-checks every key of every layout update
+    and was most of a figure's build time (the hostile-upload test draws hundreds). The JSON a browser gets is the
+    same as a validated figure's (tests/test_viz.py compares them), the template given as the dict Plotly would
+    resolve its name to."""
+    return go.Figure(_validate=False)
+
+
+@functools.cache
+def _template_json(name: str) -> str:
+    return json.dumps(pio.templates[name].to_plotly_json())
+
+
+def _template(name: str) -> dict:
+    """The template as a dict of the figure's own (an unvalidated figure keeps the very dict it is given)."""
+    return json.loads(_template_json(name))
+
+
 def _title(text: str, subtitle: str | None = None) -> dict:
     title = dict(text=text, x=0.0, xref="paper", xanchor="left", y=1.0, yref="container", yanchor="top",
                  pad=dict(t=14), font=dict(size=22))
@@ -36,8 +57,8 @@ def _style(fig: go.Figure, theme: str, title: str, subtitle: str | None = None, 
     """Template, title (+ subtitle and notes lines), projector-size fonts, transparent background
     (the page's light or dark background shows through)."""
     lines = [x for x in [subtitle, *(notes or [])] if x]
+    fig.layout.template = _template(P.template_for(theme))  # set, not merged into Plotly's default template
     fig.update_layout(
-        template=P.template_for(theme),
         title=_title(title, "<br>".join(lines) if lines else None),
         font=dict(size=P.FONT_SIZE),
         height=height,
@@ -54,7 +75,7 @@ def _style(fig: go.Figure, theme: str, title: str, subtitle: str | None = None, 
 
 
 def _empty(title: str, message: str, theme: str) -> go.Figure:
-    fig = _style(go.Figure(), theme, title, height=360)
+    fig = _style(new_figure(), theme, title, height=360)
     fig.add_annotation(text=message, xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False,
                        font=dict(size=18, color=P.neutral_color(theme)))
     fig.update_xaxes(visible=False)

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 
 from . import palette as P
 from ._trace import KEPT_DECISIONS, as_trace, as_traces, fmt_prob, is_number, thresholds_dict, trace_thresholds
-from .figstyle import _empty, _esc, _hover_text, _style, trace_names
+from .figstyle import _empty, new_figure, _esc, _hover_text, _style, trace_names
 from .tokens import TIER_LETTER, candidate_label, token_label
 from .what_if import ESTIMATE_LABEL, what_if
 
@@ -125,7 +125,7 @@ def confidence_figure(trace: Any, thresholds: Any = None, theme: str = "light") 
         title = f"What if: {title} — ESTIMATE"
         notes.append(f"{ESTIMATE_LABEL}: {estimate['guessed_decisions']} decision(s) guessed, "
                      f"{estimate['changed_rounds']} of {estimate['rounds']} rounds end differently")
-    fig = go.Figure()
+    fig = new_figure()
     if th is not None:
         _tier_bands(fig, th, theme)
     missing = _add_candidates(fig, cands, y_key, theme)
@@ -196,7 +196,7 @@ def latency_figure(traces: Any, theme: str = "light") -> go.Figure:
     sep = "#111111" if theme == "dark" else "#FFFFFF"
     bars = {k: {"x": [], "y": [], "base": [], "custom": []} for k in ("prefill", "draft", "slim", "full", "other")}
     ends = [(name, _round_segments(bars, trace, name), len(trace.tokens)) for trace, name in zip(traces, names)]
-    fig = go.Figure()
+    fig = new_figure()
     for phase, b in bars.items():
         if b["x"]:
             fig.add_trace(_phase_bar(phase, b, sep))
@@ -229,7 +229,7 @@ def tier_mix_figure(traces: Any, theme: str = "light") -> go.Figure:
             lab = token_label(tok, trace.method)
             c[lab] = c.get(lab, 0) + 1
         counts.append(c)
-    fig = go.Figure()
+    fig = new_figure()
     for label in TOKEN_ORDER:
         ns = [c.get(label, 0) for c in counts]
         if not any(ns):
@@ -281,7 +281,7 @@ def acceptance_by_position_figure(traces: Any, theme: str = "light") -> go.Figur
     if not traces:
         return _empty("Drafts kept by position", "no drafting traces (AR drafts nothing)", theme)
     names = trace_names(traces)
-    fig = go.Figure()
+    fig = new_figure()
     symbols = ["circle", "diamond", "square", "triangle-up", "cross"]
     gamma = 1
     for n, (trace, name) in enumerate(zip(traces, names)):

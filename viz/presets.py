@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 
 from . import palette as P
 from ._trace import as_trace, is_number, thresholds_dict
-from .figstyle import _empty, _style
+from .figstyle import _empty, new_figure, _style
 from .what_if import ESTIMATE_LABEL, what_if
 
 PRESET_COLORS = {"paper": P.OKABE_ITO["sky_blue"], "fastest": P.OKABE_ITO["bluish_green"],
@@ -38,7 +38,7 @@ def preset_points_figure(trace: Any, presets: dict, current: Any = None, theme: 
     trace = as_trace(trace)
     if trace.method != "via" or not trace.rounds:
         return _empty(title, "the presets re-tier a VIA-SD trace", theme)
-    fig = go.Figure()
+    fig = new_figure()
     points = []
     for name, th in presets.items():
         point = preset_point(trace, thresholds_dict(th))
