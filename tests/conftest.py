@@ -45,15 +45,6 @@ from via_sd import load_pair, tiny_random_pair  # noqa: E402
 THREADS = torch.get_num_threads()
 
 
-def pytest_collection_modifyitems(items):
-    """The suite runs on two workers (pytest.ini: -n 2 --dist loadgroup), a module's tests on one worker in their
-    order (its fixtures are built once). Tests on the real pair or in a browser run one after the other on one
-    worker, with both cores' threads, while the other takes tiny-model modules (one thread each, below)."""
-    for item in items:
-        real = item.get_closest_marker("embedded") or item.get_closest_marker("browser")
-        item.add_marker(pytest.mark.xdist_group("real" if real else item.nodeid.split("::")[0]))
-
-
 def pytest_runtest_setup(item):
     """Tiny models run on one thread: on a busy two-core machine two threads spin against each other (a tiny
     int4 step: 155 ms on two, 1.8 ms on one). Tests on the real pair, and the app they drive, keep them all
