@@ -54,7 +54,8 @@ def test_a_profile_off_by_2x_is_corrected_by_the_passes_of_a_few_runs(tiny_pair,
     assert not evidence.off(corrected), f"still off: {evidence.error(corrected)}"
     for curve, (ratio, n) in evidence.error(corrected).items():
         assert abs(ratio - 1) <= 0.10, f"{curve}: predicted / measured {ratio:.2f} over {n} passes"
-    assert 0.6 < corrected.verify(1) / true.verify(1) < 1.6  # back near what this machine measured, not 2x
+    # not the stale 2x any more (against the measurement at the start it can read off: the load may have moved)
+    assert corrected.verify(1) < 0.8 * scaled(true, 2.0, "off by 2x").verify(1)
     assert json.loads(path.read_text())["source"] == corrected.source  # the next start begins from it
 
 

@@ -143,7 +143,7 @@ def test_real_embedded_pair_loads_and_tokenizers_agree(embedded_pair):
     import torch
     from transformers import AutoTokenizer
 
-    from via_sd.weights.settings import Int8Linear, LowbitEmbedding, RescoredHead
+    from via_sd.weights.settings import Int6Linear, LowbitEmbedding, RescoredHead
 
     drafter_dir, verifier_dir = emb.embedded_model_dirs(progress=_silent)  # built once (minutes) if absent
     assert emb.embedded_ready()
@@ -163,9 +163,9 @@ def test_real_embedded_pair_loads_and_tokenizers_agree(embedded_pair):
     assert embedded_pair.weights == "int4"
     for model, verifier in ((embedded_pair.drafter, False), (embedded_pair.verifier, True)):
         assert isinstance(model.model.embed_tokens, LowbitEmbedding)
-        # the verifier keeps its 6-bit tensors in int8 and re-scores its head; the drafter is all int4
+        # the verifier keeps its Q6_K tensors as they are (Int6Linear) and re-scores its head; the drafter is all int4
         assert isinstance(model.lm_head, RescoredHead) == verifier
-        assert any(isinstance(m, Int8Linear) for m in model.modules()) == verifier
+        assert any(isinstance(m, Int6Linear) for m in model.modules()) == verifier
         assert model.config.model_type == "qwen2" and model.config.vocab_size == len(toks[0])
         assert {151645, 151643} <= set(model.generation_config.eos_token_id)
         with torch.no_grad():
