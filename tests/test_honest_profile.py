@@ -97,3 +97,21 @@ def test_a_profile_written_as_the_shipped_prior_is_what_a_new_machine_prices_wit
     prior = profile.shipped_prior(profile_key(tiny_pair))
     assert prior.verify_ms == measured.verify_ms and prior.draft_ms == measured.draft_ms
     assert prior.source.startswith("shipped prior, not measured on this machine")
+
+
+def test_a_correction_from_passes_measured_at_different_loads_prices_them_within_tolerance(tiny_pair, fresh_cache):
+    """CI's shape: AR's 1-row passes ran while another job held a core (slow), SD's 4-row passes ran quiet, so the
+    medians per point fall with rows; smoothing them into a non-decreasing curve must not leave the curve off."""
+    from via_sd.cost.refine import TOLERANCE
+
+    stale = scaled(profile_for(tiny_pair), 2.0, "off by 2x")
+    evidence = Evidence()
+    for i in range(24):
+        evidence.add_rounds([{"calls": [{"model": "full", "rows": 1, "past": 20 + i, "ms": 9.0 + 0.01 * i}]}])
+    for i in range(20):
+        evidence.add_rounds([{"calls": [{"model": "full", "rows": 4, "past": 20 + i, "ms": 4.0 + 0.01 * i}]}])
+    corrected = evidence.corrected(stale, "corrected")
+    ratio, n = evidence.error(corrected)["verify_ms"]
+    assert n == 44 and abs(ratio - 1) <= TOLERANCE / 10, ratio
+    assert list(corrected.verify_ms) == sorted(corrected.verify_ms), "more rows priced cheaper"
+    assert not evidence.off(corrected)

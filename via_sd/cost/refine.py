@@ -5,7 +5,9 @@ Every forward a run makes is in its trace with its rows and, since the engine ti
 a slim one, a resumed one, a drafter step, a prompt read); `error` says how far a profile's prices are from them
 (per curve: the median over calls of predicted / measured, so one pass stalled by other work moves nothing);
 `corrected` is the profile with every measured point replaced by the median of its recorded passes, and every
-point no run has hit yet scaled by its curve's median error (more rows never cost less). `keep_honest` corrects
+point no run has hit yet scaled by its curve's median error; the curve made non-decreasing (more rows never cost
+less) and then scaled so its median prediction equals its passes again (smoothing points measured at different
+loads, e.g. AR's 1-row passes slow and SD's 4-row passes quick, must not leave the curve off). `keep_honest` corrects
 a profile only when some curve is off by more than `TOLERANCE`: a profile that prices runs well stays as it is,
 so gamma="auto" does not chase noise. Pure Python, as model.py.
 """
@@ -83,6 +85,10 @@ class Evidence:
                 passes = self.passes.get((curve, k), ())
                 values.append(statistics.median(ms for _, ms in passes) if len(passes) >= AT_LEAST else old * scale)
             fields[curve] = non_decreasing(values)
+        fitted = replace(profile, **fields)
+        for curve, (ratio, _) in self.error(fitted).items():
+            if curve in fields:  # smoothing moved a curve's points: bring its median prediction back onto the passes
+                fields[curve] = tuple(v / ratio for v in fields[curve])
         fields["prompt_ms"] = self._prompts(profile)
         return replace(profile, source=source, **fields)
 
