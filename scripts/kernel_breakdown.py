@@ -6,7 +6,7 @@ Prints, for the pair's verifier in int4 weights:
      cache-resident layer, torch's fp32 matmul peak;
   2. one-token decoding steps after a prompt, run as the decoders run them (core.cached.model_cache: the lean forward
      on the kernel), by part: each low-bit linear shape (calls, ms a call, the bytes it reads, the rate it reads
-     them at and its share of the bandwidth), attention (with its norm, rope and cache writes), the head's exact
+     them at and its share of the bandwidth), attention (rope, cache writes, attention), the head's exact
      re-scoring, everything else, the linears together and the bytes a step reads;
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
   4. with `--compare-forward`, one-token steps through the lean forward and through transformers' forward (the
@@ -96,14 +96,16 @@ def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
     return [f"{n}x{k} int4, {size / 1e6:.1f} MB; one row reads at: {rates}", "", *table]
 
 
-ATTENTION = "attention (norm, rope, cache, fixed-order attention)"
-REST = "everything else (MLP norm and act, residuals, embedding, Python)"
+ATTENTION = "attention (rope, cache writes, fixed-order attention)"
+REST = "everything else (norms, MLP act, embedding, Python)"
+KIND_NAMES = {4: "int4", 6: "int6", 8: "int8"}
 
 
 class PartTimer:
-    """Exclusive time per part of a step: low-bit linears by shape, attention, head re-scoring, the rest. `cached`
-    (what model_cache made): the lean forward's attention sub-layer is timed through its method, transformers' through
-    its attention modules."""
+    """Exclusive time per part of a step: each low-bit call by its parts' kinds and shape (one call may run a layer's
+    q, k and v: "int4+int6 2048x1536"), attention, the head's re-scoring, the rest. The lean forward on the kernel
+    calls lowbit_kernel.tiles_mm and rope_attention (timed by wrapping them); transformers' forward and torch's
+    kernels are timed through their modules."""
 
     def __init__(self, model, cached):
         self.totals, self.calls, self.stack, self.bytes = defaultdict(float), defaultdict(int), [], {}
@@ -112,10 +114,27 @@ class PartTimer:
             if part:
                 module.register_forward_pre_hook(lambda m, args, part=part: self.enter(part))
                 module.register_forward_hook(lambda m, args, out: self.leave())
+        self.wrapped = [(lowbit_kernel, name, getattr(lowbit_kernel, name)) for name in ("tiles_mm", "rope_attention")]
+        tiles_mm, attention = (w[2] for w in self.wrapped)
+        lowbit_kernel.tiles_mm = lambda x, described, *a, **k: self.timed(tiles_mm, self.name(x, described))(
+            x, described, *a, **k)
+        lowbit_kernel.rope_attention = self.timed(attention, ATTENTION)
         net = getattr(cached, "net", None)
         if net is not None:
             net._attend = self.timed(net._attend, ATTENTION)
         cached.logits = self.timed(cached.logits, REST)
+
+    def close(self):
+        """Puts back what __init__ wrapped."""
+        for owner, name, original in self.wrapped:
+            setattr(owner, name, original)
+
+    def name(self, x, described) -> str:
+        kinds, codes, scales, biases = described
+        outputs = sum(16 * c.shape[0] for c in codes)
+        name = f"{'+'.join(dict.fromkeys(KIND_NAMES[k] for k in kinds))} {outputs}x{x.shape[1]}"
+        self.bytes[name] = sum(t.numel() * t.element_size() for t in (*codes, *scales, *biases))
+        return name
 
     def timed(self, method, part):
         def run(*args, **kwargs):
@@ -127,9 +146,8 @@ class PartTimer:
         return run
 
     def part_of(self, module) -> str | None:
-        if isinstance(module, (Int4Linear, Int6Linear, Int8Linear)):
-            kind = "int4" if isinstance(module, Int4Linear) else "int6" if isinstance(module, Int6Linear) else "int8"
-            name = f"{kind} {module.out_features}x{module.in_features}"
+        if isinstance(module, (Int4Linear, Int6Linear, Int8Linear)) and module.layout != "tiles":
+            name = f"torch's {'int4' if isinstance(module, Int4Linear) else 'int8'} {module.out_features}x{module.in_features}"
             self.bytes[name] = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
             return name
         if isinstance(module, RescoredHead):
@@ -157,12 +175,15 @@ def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
     seq = pair.encode("Write a function that merges two sorted lists, and explain it.")
     cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")
     timer = PartTimer(pair.verifier, cached)
-    seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
-    timer.reset()
-    start = time.perf_counter()
-    for _ in range(steps):
+    try:
         seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
-    total = (time.perf_counter() - start) / steps
+        timer.reset()
+        start = time.perf_counter()
+        for _ in range(steps):
+            seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
+        total = (time.perf_counter() - start) / steps
+    finally:
+        timer.close()
     share = (lambda rate: f"{rate / bandwidth:.0%}") if bandwidth else (lambda rate: "")
     rows = ["| part | calls a step | ms a step | share | ms a call | MB a call | GB/s | of bandwidth |",
             "|---|---|---|---|---|---|---|---|"]

@@ -106,10 +106,16 @@ def test_code_path_cost_runs_each_aten_path_in_a_child(capsys):
 def test_app_timings_measures_the_page_on_the_random_pair(tmp_path):
     # a process of its own, as a user runs it: Playwright's sync API refuses a thread where an asyncio loop runs,
     # and earlier tests in this process (the MCP and app clients) may leave one
+    # its exit status says whether the targets were met: a timing, which the other worker's load moves, so what is
+    # checked here is that every figure was measured and the status follows them
     out = tmp_path / "timings.json"
-    subprocess.run([sys.executable, "-m", "benchmarks.app_timings", "--preset", "random", "--max-new-tokens", "8",
-                    "--moves", "2", "--out", str(out)], cwd=ROOT, check=True, timeout=600)
-    assert json.loads(out.read_text())["first_pending_s"] is not None
+    done = subprocess.run([sys.executable, "-m", "benchmarks.app_timings", "--preset", "random", "--max-new-tokens",
+                           "8", "--moves", "2", "--out", str(out)], cwd=ROOT, timeout=600)
+    result = json.loads(out.read_text())
+    measured = ("page_usable_s", "model_ready_s", "first_pending_s", "first_decided_s", "again_decided_s",
+                "app_peak_rss_gb", "what_if_ms")
+    assert all(isinstance(result.get(k), (int, float)) and result[k] > 0 for k in measured), result
+    assert done.returncode == (0 if all(result["met"].values()) else 1), (done.returncode, result["met"])
 
 
 def test_the_trace_parity_script_finds_equal_runs_equal_and_names_a_changed_field(tmp_path, capsys):

@@ -150,3 +150,50 @@ def test_a_call_too_large_for_the_kept_buffer_gives_each_row_its_own_bits():
             assert torch.equal(y4[r], lowbit_kernel.int4_mm(x[r:r + 1].contiguous(), int4.packed, int4.scales, 0)[0])
             assert torch.equal(y8[r], lowbit_kernel.int8_mm(x[r:r + 1].contiguous(), int8.weight, int8.scale, 0)[0])
             assert torch.equal(y6[r], lowbit_kernel.int6_mm(x6[r:r + 1].contiguous(), int6.weight, int6.scales, 0)[0])
+
+
+def test_one_call_over_mixed_parts_gives_each_layers_bits_with_its_bias_and_the_residual_added():
+    """A layer's q (int4), k (int4), v (Q6_K) and an int8 part side by side in one call, biases and a residual added
+    in the kernel: every column is the bits of that layer alone, then `+ bias`, then `h +`, as torch adds them."""
+    k = 512
+    _, q, _ = _layers(64, k, seed=3)
+    _, kk, int8 = _layers(32, k, seed=4)
+    v = int6_layer(48, k, seed=5)
+    layers = [q, kk, v, int8]
+    g = torch.Generator().manual_seed(6)
+    bias = torch.randn(64 + 32 + 48 + 32, generator=g)
+    for rows in (1, 3, 8, 9):
+        x = torch.randn(rows, k, generator=g)
+        h = torch.randn(rows, bias.numel(), generator=g)
+        bare = torch.cat([layer(x) for layer in layers], 1)  # no biases yet
+        assert torch.equal(lowbit_kernel.tiles_mm(x, lowbit_kernel.parts(layers)), bare)
+        for layer, b in zip(layers, bias.split([layer.out_features for layer in layers])):
+            layer.bias = torch.nn.Parameter(b.clone(), requires_grad=False)
+        for path in range(lowbit_kernel.isa() + 1):
+            assert torch.equal(lowbit_kernel.tiles_mm(x, lowbit_kernel.parts(layers), path=path), bare + bias), path
+            assert torch.equal(lowbit_kernel.tiles_mm(x, lowbit_kernel.parts(layers), h, path=path), h + (bare + bias))
+        assert torch.equal(torch.cat([layer(x) for layer in layers], 1), bare + bias)  # each layer's forward too
+        for layer in layers:
+            layer.bias = None
+    padded = Int8Linear.from_float([torch.randn(40, k, generator=g)], tiles=True)  # 40 outputs: a padded last tile
+    with pytest.raises(ValueError, match="does not run on the project's kernel"):
+        lowbit_kernel.parts([q, padded])
+
+
+def test_rope_cache_writes_and_attention_in_one_call_give_the_bits_of_the_steps_in_torch():
+    heads, kv_heads, dim, past, rows = 4, 2, 16, 5, 3
+    g = torch.Generator().manual_seed(7)
+    y = torch.randn(rows, (heads + 2 * kv_heads) * dim, generator=g)
+    cos, sin = torch.randn(rows, dim, generator=g), torch.randn(rows, dim, generator=g)
+    keys, values = torch.randn(1, 16, kv_heads, dim, generator=g), torch.randn(1, 16, kv_heads, dim, generator=g)
+    k2, v2 = keys.clone(), values.clone()
+    a = lowbit_kernel.rope_attention(y, cos, sin, keys, values, past, heads, dim ** -0.5)
+    qkv = y.view(1, rows, heads + 2 * kv_heads, dim)
+    qk = qkv[:, :, :heads + kv_heads]
+    qk = qk * cos[None, :, None] + qk.roll(dim // 2, -1) * sin[None, :, None]
+    k2[:, past:past + rows], v2[:, past:past + rows] = qk[:, :, heads:], qkv[:, :, heads + kv_heads:]
+    end = past + rows
+    expected = lowbit_kernel.causal_attention(qk[:, :, :heads].transpose(1, 2), k2[:, :end].transpose(1, 2),
+                                              v2[:, :end].transpose(1, 2), dim ** -0.5)
+    assert torch.equal(keys, k2) and torch.equal(values, v2)  # rows past the pass untouched, the pass's written
+    assert torch.equal(a, expected)

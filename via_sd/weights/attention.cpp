@@ -159,3 +159,41 @@ torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   });
   return out;
 }
+
+// A sub-layer's attention after its q/k/v matmul, in one call: y [R, W] holds each new row's q (heads), k and v
+// (kv_heads each) side by side, head_dim D apiece; the rotary embedding turns q and k as transformers does,
+//     x * cos + rotate_half(x) * sin  ==  x * cos + roll(x, D / 2) * sin_signed   (sin's first half negated)
+// each term one IEEE product and then one sum (no fused multiply-add), k and v go into the cache buffers
+// [1, capacity, kv_heads, D] at rows start .. start + R - 1, and the rows attend causally over keys
+// 0 .. start + R - 1 (causal_attention above). The same bits as those operations made one by one in torch.
+torch::Tensor rope_attention(torch::Tensor y, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
+                             torch::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa) {
+  const int64_t R = y.size(0), KH = keys.size(2), D = keys.size(3), end = start + R;
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == torch::kFloat && y.is_contiguous() && y.size(1) == (heads + 2 * KH) * D,
+              "y must be a contiguous float32 [rows, (heads + 2 kv_heads) head_dim]");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.numel() == R * D && cos.is_contiguous() && sin.is_contiguous() &&
+              cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat, "cos and sin must be float32 [rows, head_dim]");
+  TORCH_CHECK(keys.sizes() == values.sizes() && keys.dim() == 4 && keys.size(0) == 1 && keys.size(1) >= end &&
+              keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == torch::kFloat &&
+              values.scalar_type() == torch::kFloat && D % 2 == 0 && heads % KH == 0,
+              "the cache buffers must be contiguous float32 [1, capacity >= start + rows, kv_heads, head_dim]");
+  auto q = torch::empty({1, R, heads, D}, y.options());
+  const float* in = y.data_ptr<float>();
+  const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
+  float *qo = q.data_ptr<float>(), *ko = keys.data_ptr<float>(), *vo = values.data_ptr<float>();
+  const int64_t W = y.size(1), half = D / 2;
+  for (int64_t r = 0; r < R; ++r) {
+    const float *cr = c + r * D, *sr = s + r * D;
+    for (int64_t j = 0; j < heads + KH; ++j) {
+      const float* x = in + r * W + j * D;
+      float* o = j < heads ? qo + (r * heads + j) * D : ko + ((start + r) * KH + j - heads) * D;
+      for (int64_t i = 0; i < D; ++i) {
+        const float a = x[i] * cr[i], b = x[i < half ? i + half : i - half] * sr[i];
+        o[i] = a + b;
+      }
+    }
+    std::memcpy(vo + (start + r) * KH * D, in + r * W + (heads + KH) * D, sizeof(float) * KH * D);
+  }
+  return causal_attention(q.transpose(1, 2), keys.narrow(1, 0, end).transpose(1, 2),
+                          values.narrow(1, 0, end).transpose(1, 2), scale, isa);
+}

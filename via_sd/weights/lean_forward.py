@@ -83,6 +83,17 @@ class _Layer:
         self.gate, self.up, self.inner = gate, up, gate.out_features
         self.act = F.silu if isinstance(mlp.act_fn, torch.nn.SiLU) else mlp.act_fn
         self.heads, self.kv_heads = heads, kv_heads
+        self.calls = self._kernel_calls()
+
+    def _kernel_calls(self):
+        """(q/k/v, o, gate/up, down) as the kernel's one-call descriptions (lowbit_kernel.parts), or None where a
+        linear is not on the kernel in tiles."""
+        qkv = [self.qkv] if self.qkv is not None else [self.qk, self.v] if self.qk is not None else [self.q, self.k, self.v]
+        gate_up = [self.gate_up] if self.gate_up is not None else [self.gate, self.up]
+        try:
+            return tuple(lowbit_kernel.parts(group) for group in (qkv, [self.o], gate_up, [self.down]))
+        except (ValueError, AttributeError):
+            return None
 
     def project(self, x: torch.Tensor, n: int, head_dim: int):
         """(q and k side by side [1, n, heads + kv_heads, head_dim], v [1, n, kv_heads, head_dim]): views of one
@@ -157,6 +168,7 @@ class LeanNet:
         self.layers = [_Layer(layer, self.heads, self.kv_heads) for layer in inner.layers]
         self.embed, self.norm, self.rotary, self.lm_head = inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head
         self.exact = exact(model)
+        self.kernel = self.exact and all(layer.calls is not None for layer in self.layers)  # a sub-layer in 3 calls
         half = self.head_dim // 2
         self.sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])  # rotate_half's signs
 
@@ -178,19 +190,34 @@ class LeanNet:
             layer = self.layers[k >> 1]
             if k & 1:
                 x = torch.rms_norm(h, layer.shape2, layer.w2, layer.eps2)
-                h = h + layer.down(layer.gated(x))
+                if self.kernel:  # gate/up in one call; down with the residual added in the kernel
+                    y = lowbit_kernel.tiles_mm(x.view(n, -1), layer.calls[2])
+                    g = layer.act(y[:, :layer.inner]) * y[:, layer.inner:]
+                    h = lowbit_kernel.tiles_mm(g, layer.calls[3], h.reshape(n, -1).contiguous()).view(1, n, -1)
+                else:
+                    h = h + layer.down(layer.gated(x))
                 continue
-            if rope is None:  # once per pass: [1, n, 1, head_dim], the same for every head
+            if rope is None:  # once per pass: [n, head_dim], the same for every head
                 cos, sin = self.rotary(h, torch.arange(start, start + n, device=h.device)[None])
-                rope = cos[:, :, None], (sin * self.sign.to(sin.device))[:, :, None]
-            h = self._attend(k >> 1, layer, h, start, cache, rope)
+                rope = cos[0].contiguous(), (sin * self.sign.to(sin.device))[0].contiguous()
+            h = (self._attend_kernel if self.kernel else self._attend)(k >> 1, layer, h, start, cache, rope)
         return h
+
+    def _attend_kernel(self, i: int, layer: _Layer, h: torch.Tensor, start: int, cache: LeanCache, rope) -> torch.Tensor:
+        """_attend's steps in three kernel calls: q/k/v (biases added), rope + cache writes + attention, o_proj with
+        the residual added: the same operations on the same values, so the same bits."""
+        n = h.shape[1]
+        x = torch.rms_norm(h, layer.shape1, layer.w1, layer.eps1)
+        y = lowbit_kernel.tiles_mm(x.view(n, -1), layer.calls[0])
+        keys, values = cache.extend(i, start, start + n, h, self.kv_heads, self.head_dim)
+        a = lowbit_kernel.rope_attention(y, *rope, keys, values, start, self.heads, layer.scaling)
+        return lowbit_kernel.tiles_mm(a.view(n, -1), layer.calls[1], h.reshape(n, -1).contiguous()).view(1, n, -1)
 
     def _attend(self, i: int, layer: _Layer, h: torch.Tensor, start: int, cache: LeanCache, rope) -> torch.Tensor:
         n, heads, kv_heads, head_dim = h.shape[1], self.heads, self.kv_heads, self.head_dim
         end = start + n
         qk, v = layer.project(torch.rms_norm(h, layer.shape1, layer.w1, layer.eps1), n, head_dim)
-        cos, sin = rope
+        cos, sin = rope[0][None, :, None], rope[1][None, :, None]
         qk = qk * cos + qk.roll(head_dim // 2, -1) * sin  # transformers' q * cos + rotate_half(q) * sin, q and k
         keys, values = cache.extend(i, start, end, h, kv_heads, head_dim)
         keys[:, start:end] = qk[:, :, heads:]

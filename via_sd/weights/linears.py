@@ -200,14 +200,19 @@ class Int4Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        if self.layout == "tiles":
-            y = lowbit_kernel.int4_mm(x.reshape(-1, self.in_features).float().contiguous(), self.packed, self.scales)
-        else:
-            x = x.reshape(-1, self.in_features).to(torch.bfloat16)
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales).float()
+        if self.layout == "tiles":  # the bias added in the kernel: the bits of `y + self.bias`
+            y = lowbit_kernel.tiles_mm(x.reshape(-1, self.in_features).float().contiguous(), lowbit_kernel.parts([self]))
+            return y.view(*shape[:-1], self.out_features)
+        x = x.reshape(-1, self.in_features).to(torch.bfloat16)
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales).float()
         if self.bias is not None:
             y = y + self.bias
         return y.view(*shape[:-1], self.out_features)
+
+    @property
+    def kernel_kind(self) -> str | None:
+        """"int4" where the project's kernel runs this layer (lowbit_kernel.parts), else None."""
+        return "int4" if self.layout == "tiles" else None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group={self.group}, {self.layout}"
@@ -245,10 +250,10 @@ class Int6Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = lowbit_kernel.int6_mm(x.reshape(-1, self.in_features).float().contiguous(), self.weight, self.scales)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.view(*shape[:-1], self.out_features)
+        y = lowbit_kernel.tiles_mm(x.reshape(-1, self.in_features).float().contiguous(), lowbit_kernel.parts([self]))
+        return y.view(*shape[:-1], self.out_features)  # the bias added in the kernel: the bits of `y + self.bias`
+
+    kernel_kind = "int6"
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, Q6_K, tiles"
@@ -310,6 +315,12 @@ class Int8Linear(nn.Module):
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
+
+    @property
+    def kernel_kind(self) -> str | None:
+        """"int8" where the project's kernel runs this layer and no padding output follows its own (a mixed call's
+        columns are every part's outputs: lowbit_kernel.parts), else None."""
+        return "int8" if self.layout == "tiles" and self.out_features % TILE == 0 else None
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per channel, {self.layout}"

@@ -524,20 +524,6 @@ void run_int6(int isa, const uint8_t* codes, const uint8_t* scales, const Activa
   }
 }
 
-// Tiles handed out in chunks of ~64 KB of codes to whichever thread asks next (ggml's way): on a shared machine a
-// static split waits for the slower core at every call. Below two chunks of work, or inside a parallel region,
-// the calling thread runs them all.
-template <class Body>
-void for_tiles(int64_t tiles, int64_t tile_bytes, const Body& body) {
-  const int64_t chunk = std::max<int64_t>(1, (64 << 10) / tile_bytes), chunks = (tiles + chunk - 1) / chunk;
-  const int threads = int(std::min<int64_t>(at::get_num_threads(), chunks));
-  if (threads <= 1 || omp_in_parallel()) return body(0, tiles);
-  std::atomic<int64_t> next{0};
-#pragma omp parallel num_threads(threads)
-  for (int64_t t0; (t0 = next.fetch_add(chunk, std::memory_order_relaxed)) < tiles;)
-    body(t0, std::min(tiles, t0 + chunk));
-}
-
 int best_isa() {
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
@@ -547,75 +533,119 @@ int best_isa() {
   return GENERIC;
 }
 
-void check(const torch::Tensor& x, int64_t K, const torch::Tensor& codes, int64_t bytes, int64_t isa) {
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.size(1) == K,
-              "x must be a contiguous float32 [M, ", K, "]");
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() && codes.size(2) == bytes,
-              "codes in the wrong layout");
+// One input, any number of weight tensors ("parts", each int4, int6 or int8 in its tiles) side by side in one
+// output, one quantization and one parallel region for them all: a layer's q, k and v (Q4_K and Q6_K mixed), its
+// gate and up. Each part's columns are then, in order, y + bias (when given) and residual + that (when given):
+// the very additions `linear(x) + bias` and `h + linear(x)` make in torch, so the bits are theirs.
+constexpr int64_t INT4 = 4, INT6 = 6, INT8 = 8;
+
+struct Part {
+  int64_t kind, tiles, G, col, out;  // out = 16 tiles (an int8 layer's padding outputs are sliced off by its caller)
+  const uint8_t* codes;
+  const void* scales;
+  const float* bias;
+  int64_t tile_bytes() const { return G * (kind == INT4 ? 256 : kind == INT6 ? 384 : 512); }
+};
+
+Part part_of(int64_t kind, const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& bias, int64_t K,
+             int64_t col) {
+  TORCH_CHECK(kind == INT4 || kind == INT6 || kind == INT8, "a part's kind is 4, 6 or 8, not ", kind);
+  Part p{kind, codes.size(0), codes.size(1), col, 16 * codes.size(0), codes.data_ptr<uint8_t>(), nullptr, nullptr};
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() &&
+              p.G * GROUP == K && codes.size(2) == p.tile_bytes() / p.G, "codes in the wrong layout for int", kind);
+  const int64_t B = kind == INT4 ? (p.G + SUPER - 1) / SUPER : p.G / SUPER;
+  if (kind == INT8) {
+    TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == p.out,
+                "an int8 part's scale must be float32 [16 * tiles]");
+    p.scales = scales.data_ptr<float>();
+  } else {
+    TORCH_CHECK(scales.scalar_type() == torch::kUInt8 && scales.is_contiguous() &&
+                scales.numel() == p.tiles * B * (kind == INT4 ? 256 : 288) && (kind == INT4 || p.G % SUPER == 0),
+                "scales in the wrong layout for int", kind);
+    p.scales = scales.data_ptr<uint8_t>();
+  }
+  if (bias.numel()) {
+    TORCH_CHECK(bias.scalar_type() == torch::kFloat32 && bias.is_contiguous() && bias.numel() == p.out,
+                "a bias must be float32 [", p.out, "]");
+    p.bias = bias.data_ptr<float>();
+  }
+  return p;
+}
+
+// Tile t of part p for every row, then its epilogue (bias, residual) while the outputs are in cache.
+void run_tile(int isa, const Part& p, const Activations& a, int64_t t, float* y, int64_t N, const float* residual) {
+  float* at = y + p.col;
+  if (p.kind == INT4) run_int4(isa, p.codes, static_cast<const uint8_t*>(p.scales), a, t, at, N);
+  else if (p.kind == INT6) run_int6(isa, p.codes, static_cast<const uint8_t*>(p.scales), a, t, at, N);
+  else run_int8(isa, p.codes, static_cast<const float*>(p.scales), a, t, at, N);
+  if (!p.bias && !residual) return;
+  for (int64_t r = 0; r < a.M; ++r)
+    for (int64_t o = 0; o < 16; ++o) {
+      float& v = at[r * N + 16 * t + o];
+      if (p.bias) v = v + p.bias[16 * t + o];
+      if (residual) v = residual[r * N + p.col + 16 * t + o] + v;
+    }
+}
+
+// y [M, sum of the parts' widths] = x @ [W_0; W_1; ...].T (+ biases) (+ residual); see Part. The parts' tiles go out
+// in chunks of ~64 KB of codes to whichever thread asks next (ggml's way: on a shared machine a static split waits
+// for the slower core at every call); below two chunks of work, or inside a parallel region, the caller runs them.
+torch::Tensor tiles_mm(torch::Tensor x, std::vector<int64_t> kinds, std::vector<torch::Tensor> codes,
+                       std::vector<torch::Tensor> scales, std::vector<torch::Tensor> biases, torch::Tensor residual,
+                       int64_t isa) {
+  TORCH_CHECK(!kinds.empty() && codes.size() == kinds.size() && scales.size() == kinds.size() &&
+              biases.size() == kinds.size(), "one kind, codes, scales and bias (empty for none) per part");
   TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
-}
-
-torch::Tensor int4_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor sm, int64_t isa) {
-  const int64_t tiles = codes.size(0), G = codes.size(1), K = G * GROUP, N = 16 * tiles;
-  check(x, K, codes, 256, isa);
-  TORCH_CHECK(sm.scalar_type() == torch::kUInt8 && sm.is_contiguous() && sm.numel() == tiles * ((G + SUPER - 1) / SUPER) * 256,
-              "scales in the wrong layout (uint8 [N/16, ceil(K/256), 256])");
-  Activations once, &a = buffer(x.size(0) * K, once);
-  quantize(x.data_ptr<float>(), x.size(0), K, int(isa), a);
-  auto y = torch::empty({x.size(0), N}, x.options());
-  const uint8_t* c = codes.data_ptr<uint8_t>();
-  const uint8_t* s = sm.data_ptr<uint8_t>();
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % GROUP == 0, "the input width must be a multiple of ", GROUP);
+  std::vector<Part> parts;
+  int64_t N = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    parts.push_back(part_of(kinds[i], codes[i], scales[i], biases[i], K, N));
+    N += parts.back().out;
+  }
+  const float* res = nullptr;
+  if (residual.numel()) {
+    TORCH_CHECK(residual.scalar_type() == torch::kFloat32 && residual.is_contiguous() && residual.dim() == 2 &&
+                residual.size(0) == M && residual.size(1) == N, "the residual must be a contiguous float32 [M, N]");
+    res = residual.data_ptr<float>();
+  }
+  Activations once, &a = buffer(M * K, once);
+  quantize(x.data_ptr<float>(), M, K, int(isa), a);
+  auto y = torch::empty({M, N}, x.options());
   float* out = y.data_ptr<float>();
-  for_tiles(tiles, G * 256, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) run_int4(int(isa), c, s, a, t, out, N);
-  });
-  return y;
-}
-
-torch::Tensor int8_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scale, int64_t isa) {
-  const int64_t tiles = codes.size(0), G = codes.size(1), K = G * GROUP, N = 16 * tiles;
-  check(x, K, codes, 512, isa);
-  TORCH_CHECK(scale.scalar_type() == torch::kFloat32 && scale.is_contiguous() && scale.numel() == N,
-              "scale must be float32 [N]");
-  Activations once, &a = buffer(x.size(0) * K, once);
-  quantize(x.data_ptr<float>(), x.size(0), K, int(isa), a);
-  auto y = torch::empty({x.size(0), N}, x.options());
-  const uint8_t* c = codes.data_ptr<uint8_t>();
-  const float* s = scale.data_ptr<float>();
-  float* out = y.data_ptr<float>();
-  for_tiles(tiles, G * 512, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) run_int8(int(isa), c, s, a, t, out, N);
-  });
-  return y;
-}
-
-torch::Tensor int6_mm(torch::Tensor x, torch::Tensor codes, torch::Tensor scales, int64_t isa) {
-  const int64_t tiles = codes.size(0), G = codes.size(1), K = G * GROUP, N = 16 * tiles;
-  check(x, K, codes, 384, isa);
-  TORCH_CHECK(G % SUPER == 0 && scales.scalar_type() == torch::kUInt8 && scales.is_contiguous() &&
-              scales.numel() == tiles * (G / SUPER) * 288, "scales in the wrong layout (uint8 [N/16, K/256, 288])");
-  Activations once, &a = buffer(x.size(0) * K, once);
-  quantize(x.data_ptr<float>(), x.size(0), K, int(isa), a);
-  auto y = torch::empty({x.size(0), N}, x.options());
-  const uint8_t* c = codes.data_ptr<uint8_t>();
-  const uint8_t* s = scales.data_ptr<uint8_t>();
-  float* out = y.data_ptr<float>();
-  for_tiles(tiles, G * 384, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) run_int6(int(isa), c, s, a, t, out, N);
-  });
+  struct Chunk { int64_t part, t0, t1; };
+  std::vector<Chunk> chunks;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const int64_t step = std::max<int64_t>(1, (64 << 10) / parts[i].tile_bytes());
+    for (int64_t t = 0; t < parts[i].tiles; t += step) chunks.push_back({int64_t(i), t, std::min(parts[i].tiles, t + step)});
+  }
+  auto work = [&](const Chunk& c) {
+    for (int64_t t = c.t0; t < c.t1; ++t) run_tile(int(isa), parts[c.part], a, t, out, N, res);
+  };
+  const int threads = int(std::min<int64_t>(at::get_num_threads(), int64_t(chunks.size())));
+  if (threads <= 1 || omp_in_parallel()) {
+    for (const Chunk& c : chunks) work(c);
+  } else {
+    std::atomic<size_t> next{0};
+#pragma omp parallel num_threads(threads)
+    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) work(chunks[i]);
+  }
   return y;
 }
 
 }  // namespace
 
 torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa);  // attention.cpp
+torch::Tensor rope_attention(torch::Tensor y, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
+                             torch::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa);
 int64_t stream_read(torch::Tensor buffer, bool wide);  // bandwidth.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
-  m.def("int4_mm", &int4_mm, "y = x @ W.T, W int4 in tiles of 16 outputs (see the header)");
-  m.def("int6_mm", &int6_mm, "y = x @ W.T, W Q6_K in tiles of 16 outputs (see the header)");
-  m.def("int8_mm", &int8_mm, "y = x @ W.T, W int8 per channel in tiles of 16 outputs (see the header)");
+  m.def("rope_attention", &rope_attention, "a sub-layer's rotary embedding, cache writes and attention (attention.cpp)");
+  m.def("tiles_mm", &tiles_mm, "y = x @ [W_0; W_1; ...].T (+ biases) (+ residual), each W int4, int6 or int8 in tiles");
   m.def("stream_read", &stream_read, "reads a uint8 buffer once on every thread's share (the memory bandwidth probe)");
   m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");
 }

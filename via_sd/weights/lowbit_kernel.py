@@ -141,25 +141,58 @@ def _loaded():
     return _state["module"] if "module" in _state else module()
 
 
+_NONE = torch.empty(0)  # "no bias", "no residual" to the kernel
+KINDS = {"int4": 4, "int6": 6, "int8": 8}
+
+
+def parts(layers) -> tuple:
+    """The kernel's description of `layers` (linears.py's layers whose `kernel_kind` is set, one input width) run as
+    one call, biases included: (kinds, codes, scales, biases)."""
+    kinds, codes, scales, biases = [], [], [], []
+    for layer in layers:
+        kind = layer.kernel_kind
+        if kind is None:
+            raise ValueError(f"{type(layer).__name__} does not run on the project's kernel in tiles")
+        kinds.append(KINDS[kind])
+        codes.append(layer.packed if kind == "int4" else layer.weight)
+        scales.append(layer.scale if kind == "int8" else layer.scales)
+        biases.append(_NONE if layer.bias is None else layer.bias.detach())
+    return kinds, codes, scales, biases
+
+
+def tiles_mm(x: torch.Tensor, described: tuple, residual: torch.Tensor | None = None,
+             path: int | None = None) -> torch.Tensor:
+    """x float32 [M, K] @ [W_0; W_1; ...].T, each part plus its bias, then plus `residual` [M, N] (the same bits
+    as torch adding them after): the parts of `parts(layers)`, side by side, in one call."""
+    kinds, codes, scales, biases = described
+    return _loaded().tiles_mm(x, kinds, codes, scales, biases, _NONE if residual is None else residual,
+                              _state["isa"] if path is None else path)
+
+
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/16, K/32, 256], `sm` uint8
     [N/16, ceil(K/256), 256]: Q4_K's super-blocks, fp16 d and dm and 6-bit sub-scales and mins)."""
-    kernel = _loaded()
-    return kernel.int4_mm(x, codes, sm, _state["isa"] if path is None else path)
+    return tiles_mm(x, ([4], [codes], [sm], [_NONE]), None, path)
 
 
 def int6_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W Q6_K in the kernel's layout (`codes` uint8 [N/16, K/32, 384], `scales` uint8
     [N/16, K/256, 288]: fp16 d and int8 sub-scales per 16 inputs)."""
-    kernel = _loaded()
-    return kernel.int6_mm(x, codes, scales, _state["isa"] if path is None else path)
+    return tiles_mm(x, ([6], [codes], [scales], [_NONE]), None, path)
 
 
 def int8_mm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W int8 per channel (`codes` uint8 [N/16, K/32, 512] holding w + 128, `scale` fp32
     [N])."""
-    kernel = _loaded()
-    return kernel.int8_mm(x, codes, scale, _state["isa"] if path is None else path)
+    return tiles_mm(x, ([8], [codes], [scale], [_NONE]), None, path)
+
+
+def rope_attention(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                   start: int, heads: int, scale: float) -> torch.Tensor:
+    """A sub-layer's attention after its q/k/v matmul (attention.cpp): y [R, (heads + 2 kv_heads) D] rotated by
+    cos, sin (sin's first half negated) [R, D], k and v written into the cache buffers at rows start.., the causal
+    attention [1, R, heads, D]; the bits of the same steps in torch."""
+    return _loaded().rope_attention(y, cos, sin, keys, values, start, heads, scale, min(_state["isa"], 1))
 
 
 def has_attention() -> bool:
