@@ -96,16 +96,21 @@ def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
     return [f"{n}x{k} int4, {size / 1e6:.1f} MB; one row reads at: {rates}", "", *table]
 
 
-ATTENTION = "attention (rope, cache writes, fixed-order attention)"
-REST = "everything else (norms, MLP act, embedding, Python)"
+ATTENTION = "attention (norm, rope, cache, fixed-order attention)"  # transformers' forward, torch's kernels
+REST = "everything else (embedding, final norm, Python)"
 KIND_NAMES = {4: "int4", 6: "int6", 8: "int8"}
 
 
+def shape(linears) -> str:
+    """"int4+int6 2048x1536": a kernel call's parts' kinds and its whole shape."""
+    kinds = "+".join(dict.fromkeys(KIND_NAMES[k] for k in linears.kinds))
+    return f"{kinds} {linears.out_features}x{linears.in_features}"
+
+
 class PartTimer:
-    """Exclusive time per part of a step: each low-bit call by its parts' kinds and shape (one call may run a layer's
-    q, k and v: "int4+int6 2048x1536"), attention, the head's re-scoring, the rest. The lean forward on the kernel
-    calls lowbit_kernel.tiles_mm and rope_attention (timed by wrapping them); transformers' forward and torch's
-    kernels are timed through their modules."""
+    """Exclusive time per part of a step. On the kernel (the lean forward) a sub-layer is one call: each is timed
+    whole and named by its linears (what it reads of the weights, and the rate); the head's re-scoring and the rest
+    apart. transformers' forward and torch's kernels are timed through their modules."""
 
     def __init__(self, model, cached):
         self.totals, self.calls, self.stack, self.bytes = defaultdict(float), defaultdict(int), [], {}
@@ -114,11 +119,13 @@ class PartTimer:
             if part:
                 module.register_forward_pre_hook(lambda m, args, part=part: self.enter(part))
                 module.register_forward_hook(lambda m, args, out: self.leave())
-        self.wrapped = [(lowbit_kernel, name, getattr(lowbit_kernel, name)) for name in ("tiles_mm", "rope_attention")]
-        tiles_mm, attention = (w[2] for w in self.wrapped)
-        lowbit_kernel.tiles_mm = lambda x, described, *a, **k: self.timed(tiles_mm, self.name(x, described))(
-            x, described, *a, **k)
-        lowbit_kernel.rope_attention = self.timed(attention, ATTENTION)
+        names = ("attention_sublayer", "mlp_sublayer", "tiles_mm")
+        self.wrapped = [(lowbit_kernel, name, getattr(lowbit_kernel, name)) for name in names]
+        attention, mlp, tiles_mm = (w[2] for w in self.wrapped)
+        lowbit_kernel.attention_sublayer = lambda *a: self.timed(attention, self.sublayer("attention", a[3], a[-1]))(*a)
+        lowbit_kernel.mlp_sublayer = lambda *a: self.timed(mlp, self.sublayer("MLP", a[3], a[5]))(*a)
+        lowbit_kernel.tiles_mm = lambda x, linears, *a, **k: self.timed(tiles_mm, self.sublayer("", linears))(
+            x, linears, *a, **k)
         net = getattr(cached, "net", None)
         if net is not None:
             net._attend = self.timed(net._attend, ATTENTION)
@@ -129,11 +136,9 @@ class PartTimer:
         for owner, name, original in self.wrapped:
             setattr(owner, name, original)
 
-    def name(self, x, described) -> str:
-        kinds, codes, scales, biases = described
-        outputs = sum(16 * c.shape[0] for c in codes)
-        name = f"{'+'.join(dict.fromkeys(KIND_NAMES[k] for k in kinds))} {outputs}x{x.shape[1]}"
-        self.bytes[name] = sum(t.numel() * t.element_size() for t in (*codes, *scales, *biases))
+    def sublayer(self, kind: str, *linears) -> str:
+        name = f"{kind} sub-layer: {', '.join(shape(group) for group in linears)}" if kind else shape(linears[0])
+        self.bytes[name] = sum(group.nbytes for group in linears)
         return name
 
     def timed(self, method, part):

@@ -117,7 +117,7 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
                         "--linear", "64x96", "--bandwidth-mib", "64"]) == 0
     out = capsys.readouterr().out
     assert "| memory read, " in out and "MiB, bandwidth.cpp) | " in out and "| low-bit linears |" in out
-    assert "GOP/s" in out and f"| {script.ATTENTION} |" in out
+    assert "GOP/s" in out and "| attention sub-layer: int4 " in out and "| MLP sub-layer: int4 " in out
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out
 
@@ -197,3 +197,14 @@ def test_rope_cache_writes_and_attention_in_one_call_give_the_bits_of_the_steps_
                                               v2[:, :end].transpose(1, 2), dim ** -0.5)
     assert torch.equal(keys, k2) and torch.equal(values, v2)  # rows past the pass untouched, the pass's written
     assert torch.equal(a, expected)
+
+
+def test_the_kernels_rms_norm_gives_torchs_bits():
+    """lowbit_kernel.rms_norm: ATen's composite (x * x, ATen's own sum, / H, + eps, rsqrt, * x, * w) in one call."""
+    g = torch.Generator().manual_seed(8)
+    for width in (64, 96, 896, 1536, 8960):
+        weight = torch.randn(width, generator=g)
+        for rows in (1, 2, 5, 9, 33):
+            x = torch.randn(1, rows, width, generator=g) * torch.rand(1, rows, 1, generator=g) * 10
+            x[..., 3] *= 50  # an outlier channel
+            assert torch.equal(lowbit_kernel.rms_norm(x, weight, 1e-6), torch.rms_norm(x, (width,), weight, 1e-6))

@@ -168,7 +168,7 @@ class LeanNet:
         self.layers = [_Layer(layer, self.heads, self.kv_heads) for layer in inner.layers]
         self.embed, self.norm, self.rotary, self.lm_head = inner.embed_tokens, inner.norm, inner.rotary_emb, model.lm_head
         self.exact = exact(model)
-        self.kernel = self.exact and all(layer.calls is not None for layer in self.layers)  # a sub-layer in 3 calls
+        self.kernel = self.exact and all(layer.calls is not None for layer in self.layers)  # a sub-layer a call
         half = self.head_dim // 2
         self.sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])  # rotate_half's signs
 
@@ -186,32 +186,40 @@ class LeanNet:
             return h
         n = h.shape[1]
         rope = None
+        if self.kernel:
+            return self._run_kernel(h.contiguous(), start, cache, ran)
         for k in ran:
             layer = self.layers[k >> 1]
             if k & 1:
                 x = torch.rms_norm(h, layer.shape2, layer.w2, layer.eps2)
-                if self.kernel:  # gate/up in one call; down with the residual added in the kernel
-                    y = lowbit_kernel.tiles_mm(x.view(n, -1), layer.calls[2])
-                    g = layer.act(y[:, :layer.inner]) * y[:, layer.inner:]
-                    h = lowbit_kernel.tiles_mm(g, layer.calls[3], h.reshape(n, -1).contiguous()).view(1, n, -1)
-                else:
-                    h = h + layer.down(layer.gated(x))
+                h = h + layer.down(layer.gated(x))
                 continue
             if rope is None:  # once per pass: [n, head_dim], the same for every head
-                cos, sin = self.rotary(h, torch.arange(start, start + n, device=h.device)[None])
-                rope = cos[0].contiguous(), (sin * self.sign.to(sin.device))[0].contiguous()
-            h = (self._attend_kernel if self.kernel else self._attend)(k >> 1, layer, h, start, cache, rope)
+                rope = self._rope(h, start, n)
+            h = self._attend(k >> 1, layer, h, start, cache, rope)
         return h
 
-    def _attend_kernel(self, i: int, layer: _Layer, h: torch.Tensor, start: int, cache: LeanCache, rope) -> torch.Tensor:
-        """_attend's steps in three kernel calls: q/k/v (biases added), rope + cache writes + attention, o_proj with
-        the residual added: the same operations on the same values, so the same bits."""
-        n = h.shape[1]
-        x = torch.rms_norm(h, layer.shape1, layer.w1, layer.eps1)
-        y = lowbit_kernel.tiles_mm(x.view(n, -1), layer.calls[0])
-        keys, values = cache.extend(i, start, start + n, h, self.kv_heads, self.head_dim)
-        a = lowbit_kernel.rope_attention(y, *rope, keys, values, start, self.heads, layer.scaling)
-        return lowbit_kernel.tiles_mm(a.view(n, -1), layer.calls[1], h.reshape(n, -1).contiguous()).view(1, n, -1)
+    def _rope(self, h: torch.Tensor, start: int, n: int):
+        """cos and sin (its first half negated: rotate_half's signs) of positions start.., [n, head_dim] each."""
+        cos, sin = self.rotary(h, torch.arange(start, start + n, device=h.device)[None])
+        return cos[0].contiguous(), (sin * self.sign.to(sin.device))[0].contiguous()
+
+    def _run_kernel(self, h: torch.Tensor, start: int, cache: LeanCache, ran: list) -> torch.Tensor:
+        """`run` on the kernel: a sub-layer a call (lowbit_kernel.attention_sublayer / mlp_sublayer), each the steps
+        `_attend` and the MLP branch of `run` take, in C++, with their bits (tests/test_lean_verifier.py)."""
+        n, rope = h.shape[1], None
+        for k in ran:
+            layer = self.layers[k >> 1]
+            qkv, o, gate_up, down = layer.calls
+            if k & 1:
+                h = lowbit_kernel.mlp_sublayer(h, layer.w2, layer.eps2, gate_up, layer.inner, down)
+                continue
+            if rope is None:
+                rope = self._rope(h, start, n)
+            keys, values = cache.extend(k >> 1, start, start + n, h, self.kv_heads, self.head_dim)
+            h = lowbit_kernel.attention_sublayer(h, layer.w1, layer.eps1, qkv, *rope, keys, values, start, self.heads,
+                                                 layer.scaling, o)
+        return h
 
     def _attend(self, i: int, layer: _Layer, h: torch.Tensor, start: int, cache: LeanCache, rope) -> torch.Tensor:
         n, heads, kv_heads, head_dim = h.shape[1], self.heads, self.kv_heads, self.head_dim
@@ -235,6 +243,10 @@ class LeanNet:
         """The logits of the last `keep` rows: the final norm over every row first (as transformers' forward) or
         over the kept rows only (as SlimVerifier.head); both norm each row alone."""
         weight, shape, eps = self.norm.weight, self.norm.weight.shape, self.norm.variance_epsilon
+        if self.kernel:  # torch.rms_norm's bits in one call
+            kept = h.contiguous() if norm_first else h[:, -keep:].contiguous()
+            normed = lowbit_kernel.rms_norm(kept, weight, eps)
+            return self.lm_head(normed[:, -keep:] if norm_first else normed)
         if norm_first:
             return self.lm_head(torch.rms_norm(h, shape, weight, eps)[:, -keep:])
         return self.lm_head(torch.rms_norm(h[:, -keep:], shape, weight, eps))

@@ -587,42 +587,54 @@ void run_tile(int isa, const Part& p, const Activations& a, int64_t t, float* y,
     }
 }
 
-// y [M, sum of the parts' widths] = x @ [W_0; W_1; ...].T (+ biases) (+ residual); see Part. The parts' tiles go out
-// in chunks of ~64 KB of codes to whichever thread asks next (ggml's way: on a shared machine a static split waits
-// for the slower core at every call); below two chunks of work, or inside a parallel region, the caller runs them.
-torch::Tensor tiles_mm(torch::Tensor x, std::vector<int64_t> kinds, std::vector<torch::Tensor> codes,
-                       std::vector<torch::Tensor> scales, std::vector<torch::Tensor> biases, torch::Tensor residual,
-                       int64_t isa) {
-  TORCH_CHECK(!kinds.empty() && codes.size() == kinds.size() && scales.size() == kinds.size() &&
-              biases.size() == kinds.size(), "one kind, codes, scales and bias (empty for none) per part");
-  TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous(), "x must be a contiguous float32 [M, K]");
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(K % GROUP == 0, "the input width must be a multiple of ", GROUP);
+// A group of linears over one input run as one call (see Part): built once per layer from Python, so a call passes
+// one handle instead of lists of tensors.
+struct Linears {
   std::vector<Part> parts;
-  int64_t N = 0;
-  for (size_t i = 0; i < kinds.size(); ++i) {
-    parts.push_back(part_of(kinds[i], codes[i], scales[i], biases[i], K, N));
-    N += parts.back().out;
+  std::vector<torch::Tensor> held;  // keeps the tensors the parts point into alive
+  std::vector<int64_t> kinds;
+  int64_t K = 0, N = 0, nbytes = 0;  // nbytes: what a call reads of the weights (codes, scales, biases)
+  Linears(std::vector<int64_t> kinds, std::vector<torch::Tensor> codes, std::vector<torch::Tensor> scales,
+          std::vector<torch::Tensor> biases) {
+    TORCH_CHECK(!kinds.empty() && codes.size() == kinds.size() && scales.size() == kinds.size() &&
+                biases.size() == kinds.size(), "one kind, codes, scales and bias (empty for none) per part");
+    K = codes[0].dim() == 3 ? codes[0].size(1) * GROUP : 0;
+    for (size_t i = 0; i < kinds.size(); ++i) {
+      parts.push_back(part_of(kinds[i], codes[i], scales[i], biases[i], K, N));
+      N += parts.back().out;
+      held.insert(held.end(), {codes[i], scales[i], biases[i]});
+    }
+    this->kinds = kinds;
+    for (const auto& t : held) nbytes += t.numel() * t.element_size();
   }
+};
+
+// y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~64 KB of codes to
+// whichever thread asks next (ggml's way: on a shared machine a static split waits for the slower core at every
+// call); below two chunks of work, or inside a parallel region, the caller runs them.
+torch::Tensor run_linears(const torch::Tensor& x, const Linears& L, const torch::Tensor& residual, int64_t isa) {
+  TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.size(1) == L.K,
+              "x must be a contiguous float32 [M, ", L.K, "]");
+  const int64_t M = x.size(0), N = L.N;
   const float* res = nullptr;
-  if (residual.numel()) {
-    TORCH_CHECK(residual.scalar_type() == torch::kFloat32 && residual.is_contiguous() && residual.dim() == 2 &&
-                residual.size(0) == M && residual.size(1) == N, "the residual must be a contiguous float32 [M, N]");
+  if (residual.defined() && residual.numel()) {
+    TORCH_CHECK(residual.scalar_type() == torch::kFloat32 && residual.is_contiguous() && residual.numel() == M * N,
+                "the residual must be a contiguous float32 [M, N]");
     res = residual.data_ptr<float>();
   }
-  Activations once, &a = buffer(M * K, once);
-  quantize(x.data_ptr<float>(), M, K, int(isa), a);
+  Activations once, &a = buffer(M * L.K, once);
+  quantize(x.data_ptr<float>(), M, L.K, int(isa), a);
   auto y = torch::empty({M, N}, x.options());
   float* out = y.data_ptr<float>();
   struct Chunk { int64_t part, t0, t1; };
   std::vector<Chunk> chunks;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    const int64_t step = std::max<int64_t>(1, (64 << 10) / parts[i].tile_bytes());
-    for (int64_t t = 0; t < parts[i].tiles; t += step) chunks.push_back({int64_t(i), t, std::min(parts[i].tiles, t + step)});
+  for (size_t i = 0; i < L.parts.size(); ++i) {
+    const int64_t step = std::max<int64_t>(1, (64 << 10) / L.parts[i].tile_bytes());
+    for (int64_t t = 0; t < L.parts[i].tiles; t += step) chunks.push_back({int64_t(i), t, std::min(L.parts[i].tiles, t + step)});
   }
   auto work = [&](const Chunk& c) {
-    for (int64_t t = c.t0; t < c.t1; ++t) run_tile(int(isa), parts[c.part], a, t, out, N, res);
+    for (int64_t t = c.t0; t < c.t1; ++t) run_tile(int(isa), L.parts[c.part], a, t, out, N, res);
   };
   const int threads = int(std::min<int64_t>(at::get_num_threads(), int64_t(chunks.size())));
   if (threads <= 1 || omp_in_parallel()) {
@@ -635,17 +647,83 @@ torch::Tensor tiles_mm(torch::Tensor x, std::vector<int64_t> kinds, std::vector<
   return y;
 }
 
+torch::Tensor tiles_mm(torch::Tensor x, const Linears& L, torch::Tensor residual, int64_t isa) {
+  return run_linears(x, L, residual, isa);
+}
+
+// torch.rms_norm's bits, without its eight dispatches: ATen's composite is
+//     w * (x * rsqrt(sum(x * x, -1) / H + eps))        (pow 2 is x * x; mean is sum, then div_ by H)
+// and the one step whose order of additions is ATen's own, the sum, is ATen's sum on the same tensor shape.
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && weight.scalar_type() == torch::kFloat &&
+              weight.is_contiguous() && x.size(-1) == weight.numel(), "x [..., H] and weight [H] must be contiguous float32");
+  const int64_t H = weight.numel(), rows = x.numel() / H;
+  auto sq = torch::empty_like(x);
+  const float* in = x.data_ptr<float>();
+  float* q = sq.data_ptr<float>();
+  for (int64_t i = 0; i < rows * H; ++i) q[i] = in[i] * in[i];
+  auto sums = at::sum(sq, {-1}, /*keepdim=*/true);
+  const float* sum = sums.data_ptr<float>();
+  const float* w = weight.data_ptr<float>();
+  const float e = float(eps), n = float(H);
+  auto out = torch::empty_like(x);
+  float* o = out.data_ptr<float>();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / std::sqrt(sum[r] / n + e);
+    for (int64_t i = 0; i < H; ++i) o[r * H + i] = (in[r * H + i] * inv) * w[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+torch::Tensor rope_attention(torch::Tensor y, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
+                             torch::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa);  // attention.cpp
+
+namespace {
+
+// A decoder layer's attention sub-layer in one call: h + o_proj(attention(rope(qkv(rms_norm(h))))), every step the
+// lean forward's, with its bits (lean_forward.py).
+torch::Tensor attention_sublayer(torch::Tensor h, torch::Tensor norm, double eps, const Linears& qkv, torch::Tensor cos,
+                                 torch::Tensor sin, torch::Tensor keys, torch::Tensor values, int64_t start,
+                                 int64_t heads, double scale, const Linears& o, int64_t isa) {
+  const int64_t n = h.size(-2);
+  auto x = rms_norm(h, norm, eps);
+  auto y = run_linears(x.view({n, -1}), qkv, torch::Tensor(), isa);
+  auto a = rope_attention(y, cos, sin, keys, values, start, heads, scale, std::min<int64_t>(isa, 1));
+  return run_linears(a.view({n, -1}), o, h, isa).view(h.sizes());
+}
+
+// A decoder layer's MLP sub-layer in one call: h + down(silu(gate) * up) over rms_norm(h), silu and the product
+// ATen's own (the same kernels the lean forward and transformers call, so the same bits).
+torch::Tensor mlp_sublayer(torch::Tensor h, torch::Tensor norm, double eps, const Linears& gate_up, int64_t inner,
+                           const Linears& down, int64_t isa) {
+  const int64_t n = h.size(-2);
+  auto x = rms_norm(h, norm, eps);
+  auto y = run_linears(x.view({n, -1}), gate_up, torch::Tensor(), isa);
+  auto g = at::silu(y.narrow(1, 0, inner)).mul_(y.narrow(1, inner, y.size(1) - inner));
+  return run_linears(g, down, h, isa).view(h.sizes());
+}
+
 }  // namespace
 
 torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa);  // attention.cpp
-torch::Tensor rope_attention(torch::Tensor y, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
-                             torch::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa);
 int64_t stream_read(torch::Tensor buffer, bool wide);  // bandwidth.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
   m.def("rope_attention", &rope_attention, "a sub-layer's rotary embedding, cache writes and attention (attention.cpp)");
+  pybind11::class_<Linears>(m, "Linears")
+      .def(pybind11::init<std::vector<int64_t>, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
+                          std::vector<torch::Tensor>>())
+      .def_readonly("kinds", &Linears::kinds)
+      .def_readonly("in_features", &Linears::K)
+      .def_readonly("out_features", &Linears::N)
+      .def_readonly("nbytes", &Linears::nbytes);
   m.def("tiles_mm", &tiles_mm, "y = x @ [W_0; W_1; ...].T (+ biases) (+ residual), each W int4, int6 or int8 in tiles");
+  m.def("rms_norm", &rms_norm, "torch.rms_norm's bits in one call");
+  m.def("attention_sublayer", &attention_sublayer, "a decoder layer's attention sub-layer in one call");
+  m.def("mlp_sublayer", &mlp_sublayer, "a decoder layer's MLP sub-layer in one call");
   m.def("stream_read", &stream_read, "reads a uint8 buffer once on every thread's share (the memory bandwidth probe)");
   m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");
 }

@@ -145,9 +145,9 @@ _NONE = torch.empty(0)  # "no bias", "no residual" to the kernel
 KINDS = {"int4": 4, "int6": 6, "int8": 8}
 
 
-def parts(layers) -> tuple:
-    """The kernel's description of `layers` (linears.py's layers whose `kernel_kind` is set, one input width) run as
-    one call, biases included: (kinds, codes, scales, biases)."""
+def parts(layers):
+    """`layers` (linears.py's layers whose `kernel_kind` is set, one input width) as the kernel's one-call handle,
+    biases included (lowbit_kernel.cpp's Linears): built once, passed to tiles_mm and the sub-layer calls."""
     kinds, codes, scales, biases = [], [], [], []
     for layer in layers:
         kind = layer.kernel_kind
@@ -157,34 +157,32 @@ def parts(layers) -> tuple:
         codes.append(layer.packed if kind == "int4" else layer.weight)
         scales.append(layer.scale if kind == "int8" else layer.scales)
         biases.append(_NONE if layer.bias is None else layer.bias.detach())
-    return kinds, codes, scales, biases
+    return _loaded().Linears(kinds, codes, scales, biases)
 
 
-def tiles_mm(x: torch.Tensor, described: tuple, residual: torch.Tensor | None = None,
-             path: int | None = None) -> torch.Tensor:
+def tiles_mm(x: torch.Tensor, linears, residual: torch.Tensor | None = None, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ [W_0; W_1; ...].T, each part plus its bias, then plus `residual` [M, N] (the same bits
-    as torch adding them after): the parts of `parts(layers)`, side by side, in one call."""
-    kinds, codes, scales, biases = described
-    return _loaded().tiles_mm(x, kinds, codes, scales, biases, _NONE if residual is None else residual,
+    as torch adding them after): the layers of `parts(layers)`, side by side, in one call."""
+    return _loaded().tiles_mm(x, linears, _NONE if residual is None else residual,
                               _state["isa"] if path is None else path)
 
 
 def int4_mm(x: torch.Tensor, codes: torch.Tensor, sm: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W int4 in the kernel's layout (`codes` uint8 [N/16, K/32, 256], `sm` uint8
     [N/16, ceil(K/256), 256]: Q4_K's super-blocks, fp16 d and dm and 6-bit sub-scales and mins)."""
-    return tiles_mm(x, ([4], [codes], [sm], [_NONE]), None, path)
+    return tiles_mm(x, _loaded().Linears([4], [codes], [sm], [_NONE]), None, path)
 
 
 def int6_mm(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W Q6_K in the kernel's layout (`codes` uint8 [N/16, K/32, 384], `scales` uint8
     [N/16, K/256, 288]: fp16 d and int8 sub-scales per 16 inputs)."""
-    return tiles_mm(x, ([6], [codes], [scales], [_NONE]), None, path)
+    return tiles_mm(x, _loaded().Linears([6], [codes], [scales], [_NONE]), None, path)
 
 
 def int8_mm(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, path: int | None = None) -> torch.Tensor:
     """x float32 [M, K] @ W.T, W int8 per channel (`codes` uint8 [N/16, K/32, 512] holding w + 128, `scale` fp32
     [N])."""
-    return tiles_mm(x, ([8], [codes], [scale], [_NONE]), None, path)
+    return tiles_mm(x, _loaded().Linears([8], [codes], [scale], [_NONE]), None, path)
 
 
 def rope_attention(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
@@ -193,6 +191,21 @@ def rope_attention(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: 
     cos, sin (sin's first half negated) [R, D], k and v written into the cache buffers at rows start.., the causal
     attention [1, R, heads, D]; the bits of the same steps in torch."""
     return _loaded().rope_attention(y, cos, sin, keys, values, start, heads, scale, min(_state["isa"], 1))
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """torch.rms_norm(x, weight.shape, weight, eps)'s bits in one call (x contiguous float32 [..., H])."""
+    return _loaded().rms_norm(x, weight, eps)
+
+
+def attention_sublayer(h, norm, eps, qkv, cos, sin, keys, values, start, heads, scale, o) -> torch.Tensor:
+    """h + o(attention(rope(qkv(rms_norm(h))))) in one call: the lean forward's attention sub-layer, its bits."""
+    return _loaded().attention_sublayer(h, norm, eps, qkv, cos, sin, keys, values, start, heads, scale, o, _state["isa"])
+
+
+def mlp_sublayer(h, norm, eps, gate_up, inner, down) -> torch.Tensor:
+    """h + down(silu(gate) * up) over rms_norm(h) in one call: the lean forward's MLP sub-layer, its bits."""
+    return _loaded().mlp_sublayer(h, norm, eps, gate_up, inner, down, _state["isa"])
 
 
 def has_attention() -> bool:
