@@ -46,6 +46,7 @@ namespace {
 constexpr int64_t GROUP = 32;
 constexpr int64_t SUPER = 8;  // groups of a super-block
 constexpr int64_t PREFETCH = 4096;  // bytes of int4 codes fetched ahead (int8: twice); 1-4 KB measured best
+constexpr int64_t CHUNK = 256 << 10;  // bytes of codes a thread takes at a time: 64 KB read 6% slower (more stream starts)
 enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
 inline float fp16(uint16_t h) {  // exact, as F16C's conversion
@@ -609,7 +610,7 @@ struct Linears {
   }
 };
 
-// y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~64 KB of codes to
+// y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~CHUNK bytes of codes to
 // whichever thread asks next (ggml's way: on a shared machine a static split waits for the slower core at every
 // call); below two chunks of work, or inside a parallel region, the caller runs them.
 torch::Tensor run_linears(const torch::Tensor& x, const Linears& L, const torch::Tensor& residual, int64_t isa) {
@@ -630,7 +631,7 @@ torch::Tensor run_linears(const torch::Tensor& x, const Linears& L, const torch:
   struct Chunk { int64_t part, t0, t1; };
   std::vector<Chunk> chunks;
   for (size_t i = 0; i < L.parts.size(); ++i) {
-    const int64_t step = std::max<int64_t>(1, (64 << 10) / L.parts[i].tile_bytes());
+    const int64_t step = std::max<int64_t>(1, CHUNK / L.parts[i].tile_bytes());
     for (int64_t t = 0; t < L.parts[i].tiles; t += step) chunks.push_back({int64_t(i), t, std::min(L.parts[i].tiles, t + step)});
   }
   auto work = [&](const Chunk& c) {
