@@ -13,6 +13,10 @@
 // AVX2 and the generic loop give the same bits, and a row's result never depends on the other rows of the call,
 // the thread count or the machine. Built with -ffp-contract=off: nothing is fused unless written as fma.
 //
+// One call runs any group of such weights over one input (a layer's q, k and v: Q4_K and Q6_K side by side; its gate
+// and up), one quantization for them all, each part's bias and a residual added at the end (Linears, tiles_mm);
+// attention_sublayer and mlp_sublayer run a decoder layer's two halves each in one call (lean_forward.py).
+//
 // The weights of 16 outputs sit side by side, four inputs at a time (the layout VNNI's dot product of four bytes
 // wants), so one register multiplies 16 outputs by one broadcast quad of activations and a group's sums come out
 // whole: the weights are read once per call whatever the rows, and each row costs a few instructions per 512 MACs.
