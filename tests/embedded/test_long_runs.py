@@ -49,7 +49,7 @@ def test_lossless_equals_sd_over_300_tokens(embedded_pair, ar_sd):
 def test_progressive_equals_separate_passes_with_catch_ups_over_64_rows(embedded_pair):
     # every draft in tier A until 80 tokens in a row went unverified: then a forced round sends the drafts to the
     # slim verifier, which first catches up on those 80 tokens in one pass
-    forced = dict(max_new_tokens=300, gamma=8, max_unverified=80, slim_cache="own",
+    forced = dict(max_new_tokens=200, gamma=8, max_unverified=80, slim_cache="own",
                    thresholds=Thresholds(accept=0.0, escalate=0.0, signal="draft"))
     progressive = generate(embedded_pair, PROMPTS[2], "via", DecodeConfig(**forced))
     separate = generate(embedded_pair, PROMPTS[2], "via", DecodeConfig(**forced, progressive=False))

@@ -11,12 +11,9 @@ call (attention.cpp), o_proj; RMSNorm, the fused gate/up matmul, SiLU-gate, down
 as routing.SlimVerifier.run does: the full verifier, the slim one (a route's sub-layers skipped) and progressive
 verification's shared trunk are all this loop.
 
-On the project's kernel (`exact(model)`, every linear in its tiles) a sub-layer is one C++ call
-(lowbit_kernel.attention_sublayer / mlp_sublayer): the norm, the q/k/v parts (Q4_K and Q6_K mixed) with their biases,
-rope, the cache writes, attention, o_proj and the residual; or the norm, gate/up, SiLU-gate (ATen's own silu and mul),
-down and the residual. Those calls make the very operations listed here, in the same order, so the bits are the same
-(their rms_norm writes out ATen's composite and leaves the one sum to ATen; tests/test_lowbit_kernel.py); they only
-drop the ~30 dispatches and the Python between a sub-layer's matmuls.
+On the project's kernel (`exact(model)`) a sub-layer is one C++ call (lowbit_kernel.attention_sublayer /
+mlp_sublayer) making these very operations in this order (its rms_norm leaves ATen's one sum to ATen), so the same
+bits without the ~30 dispatches and the Python between a sub-layer's matmuls.
 
 The verifier's bits: with its linears on the project's kernel (`exact(model)`), every operation here is the one
 transformers' forward (and SlimVerifier) runs, on the same values: torch.rms_norm is ATen's composite of the very
