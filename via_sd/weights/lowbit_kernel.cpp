@@ -420,8 +420,12 @@ AVX512_TARGET void int4_avx512(const uint8_t* codes, const uint8_t* scales, cons
     const __m512 scale = scale16(sb, 0, 64, 192, g % SUPER), m = scale16(sb, 32, 128, 224, g % SUPER);
     for (int r = 0; r < R; ++r) {
       const int8_t* q = a.row(r0 + r, g);
-      __m512i P = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) P = _mm512_dpbusd_epi32(P, w[j], _mm512_set1_epi32(quad(q, j)));
+      __m512i P = _mm512_setzero_si512(), P1 = _mm512_setzero_si512();  // two chains: exact integer sums either way
+      for (int j = 0; j < 8; j += 2) {
+        P = _mm512_dpbusd_epi32(P, w[j], _mm512_set1_epi32(quad(q, j)));
+        P1 = _mm512_dpbusd_epi32(P1, w[j + 1], _mm512_set1_epi32(quad(q, j + 1)));
+      }
+      P = _mm512_add_epi32(P, P1);
       int64_t rg = a.at(r0 + r, g);
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(P), _mm512_set1_ps(a.sa[rg])), scale, acc[r]);
       acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(a.b[rg]), acc[r]);
