@@ -98,7 +98,7 @@ def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
 
 ATTENTION = "attention (norm, rope, cache, fixed-order attention)"  # transformers' forward, torch's kernels
 REST = "everything else (embedding, final norm, Python)"
-KIND_NAMES = {4: "int4", 6: "int6", 8: "int8"}
+KIND_NAMES = {code: name for name, code in lowbit_kernel.KINDS.items()}
 
 
 def shape(linears) -> str:

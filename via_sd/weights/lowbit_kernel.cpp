@@ -559,9 +559,10 @@ struct Part {
 Part part_of(int64_t kind, const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& bias, int64_t K,
              int64_t col) {
   TORCH_CHECK(kind == INT4 || kind == INT6 || kind == INT8, "a part's kind is 4, 6 or 8, not ", kind);
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous(),
+              "codes must be a contiguous uint8 [N/16, K/32, bytes]");
   Part p{kind, codes.size(0), codes.size(1), col, 16 * codes.size(0), codes.data_ptr<uint8_t>(), nullptr, nullptr};
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous() &&
-              p.G * GROUP == K && codes.size(2) == p.tile_bytes() / p.G, "codes in the wrong layout for int", kind);
+  TORCH_CHECK(p.G * GROUP == K && codes.size(2) == p.tile_bytes() / p.G, "codes in the wrong layout for int", kind);
   const int64_t B = kind == INT4 ? (p.G + SUPER - 1) / SUPER : p.G / SUPER;
   if (kind == INT8) {
     TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == p.out,
@@ -621,7 +622,7 @@ struct Linears {
 // y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~CHUNK bytes of codes to
 // whichever thread asks next (ggml's way: on a shared machine a static split waits for the slower core at every
 // call); below two chunks of work, or inside a parallel region, the caller runs them.
-torch::Tensor run_linears(const torch::Tensor& x, const Linears& L, const torch::Tensor& residual, int64_t isa) {
+torch::Tensor tiles_mm(const torch::Tensor& x, const Linears& L, const torch::Tensor& residual, int64_t isa) {
   TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.size(1) == L.K,
               "x must be a contiguous float32 [M, ", L.K, "]");
@@ -654,10 +655,6 @@ torch::Tensor run_linears(const torch::Tensor& x, const Linears& L, const torch:
     for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) work(chunks[i]);
   }
   return y;
-}
-
-torch::Tensor tiles_mm(torch::Tensor x, const Linears& L, torch::Tensor residual, int64_t isa) {
-  return run_linears(x, L, residual, isa);
 }
 
 // torch.rms_norm's bits, without its eight dispatches: ATen's composite is
@@ -698,9 +695,9 @@ torch::Tensor attention_sublayer(torch::Tensor h, torch::Tensor norm, double eps
                                  int64_t heads, double scale, const Linears& o, int64_t isa) {
   const int64_t n = h.size(-2);
   auto x = rms_norm(h, norm, eps);
-  auto y = run_linears(x.view({n, -1}), qkv, torch::Tensor(), isa);
+  auto y = tiles_mm(x.view({n, -1}), qkv, torch::Tensor(), isa);
   auto a = rope_attention(y, cos, sin, keys, values, start, heads, scale, std::min<int64_t>(isa, 1));
-  return run_linears(a.view({n, -1}), o, h, isa).view(h.sizes());
+  return tiles_mm(a.view({n, -1}), o, h, isa).view(h.sizes());
 }
 
 // A decoder layer's MLP sub-layer in one call: h + down(silu(gate) * up) over rms_norm(h), silu and the product
@@ -709,9 +706,9 @@ torch::Tensor mlp_sublayer(torch::Tensor h, torch::Tensor norm, double eps, cons
                            const Linears& down, int64_t isa) {
   const int64_t n = h.size(-2);
   auto x = rms_norm(h, norm, eps);
-  auto y = run_linears(x.view({n, -1}), gate_up, torch::Tensor(), isa);
+  auto y = tiles_mm(x.view({n, -1}), gate_up, torch::Tensor(), isa);
   auto g = at::silu(y.narrow(1, 0, inner)).mul_(y.narrow(1, inner, y.size(1) - inner));
-  return run_linears(g, down, h, isa).view(h.sizes());
+  return tiles_mm(g, down, h, isa).view(h.sizes());
 }
 
 }  // namespace
