@@ -13,8 +13,9 @@
 // multiply-add), so a row never depends on the other rows of its pass, the thread count, the vendor or the ISA:
 // a pass over k rows gives each row the bits its one-token step gives.
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
 
 #include <immintrin.h>
 
@@ -116,22 +117,22 @@ AVX2_TARGET void exp_avx2(float* s, int64_t n, float m) {
 struct View {  // a [B, H, T, D] tensor with a contiguous last dimension
   const float* data;
   int64_t sb, sh, st;
-  explicit View(const torch::Tensor& x)
+  explicit View(const at::Tensor& x)
       : data(x.data_ptr<float>()), sb(x.stride(0)), sh(x.stride(1)), st(x.stride(2)) {}
   const float* at(int64_t b, int64_t h, int64_t t) const { return data + b * sb + h * sh + t * st; }
 };
 
 }  // namespace
 
-torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa) {
+at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale, int64_t isa) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be [batch, heads, rows, head_dim]");
-  TORCH_CHECK(q.scalar_type() == torch::kFloat && k.scalar_type() == torch::kFloat &&
-                  v.scalar_type() == torch::kFloat, "q, k, v must be float32");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
+                  v.scalar_type() == at::kFloat, "q, k, v must be float32");
   TORCH_CHECK(q.stride(3) == 1 && k.stride(3) == 1 && v.stride(3) == 1, "head_dim must be contiguous");
   const int64_t B = q.size(0), H = q.size(1), R = q.size(2), D = q.size(3), KH = k.size(1), T = k.size(2);
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && H % KH == 0 && T >= R,
               "k and v must be [batch, kv_heads, keys >= rows, head_dim] with heads a multiple of kv_heads");
-  auto out = torch::empty({B, R, H, D}, q.options());
+  auto out = at::empty({B, R, H, D}, q.options());
   const View Q(q), K(k), V(v);
   float* o = out.data_ptr<float>();
   const float sc = float(scale);
@@ -166,18 +167,18 @@ torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
 // each term one IEEE product and then one sum (no fused multiply-add), k and v go into the cache buffers
 // [1, capacity, kv_heads, D] at rows start .. start + R - 1, and the rows attend causally over keys
 // 0 .. start + R - 1 (causal_attention above). The same bits as those operations made one by one in torch.
-torch::Tensor rope_attention(torch::Tensor y, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
-                             torch::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa) {
+at::Tensor rope_attention(at::Tensor y, at::Tensor cos, at::Tensor sin, at::Tensor keys,
+                             at::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa) {
   const int64_t R = y.size(0), KH = keys.size(2), D = keys.size(3), end = start + R;
-  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == torch::kFloat && y.is_contiguous() && y.size(1) == (heads + 2 * KH) * D,
+  TORCH_CHECK(y.dim() == 2 && y.scalar_type() == at::kFloat && y.is_contiguous() && y.size(1) == (heads + 2 * KH) * D,
               "y must be a contiguous float32 [rows, (heads + 2 kv_heads) head_dim]");
   TORCH_CHECK(cos.sizes() == sin.sizes() && cos.numel() == R * D && cos.is_contiguous() && sin.is_contiguous() &&
-              cos.scalar_type() == torch::kFloat && sin.scalar_type() == torch::kFloat, "cos and sin must be float32 [rows, head_dim]");
+              cos.scalar_type() == at::kFloat && sin.scalar_type() == at::kFloat, "cos and sin must be float32 [rows, head_dim]");
   TORCH_CHECK(keys.sizes() == values.sizes() && keys.dim() == 4 && keys.size(0) == 1 && keys.size(1) >= end &&
-              keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == torch::kFloat &&
-              values.scalar_type() == torch::kFloat && D % 2 == 0 && heads % KH == 0,
+              keys.is_contiguous() && values.is_contiguous() && keys.scalar_type() == at::kFloat &&
+              values.scalar_type() == at::kFloat && D % 2 == 0 && heads % KH == 0,
               "the cache buffers must be contiguous float32 [1, capacity >= start + rows, kv_heads, head_dim]");
-  auto q = torch::empty({1, R, heads, D}, y.options());
+  auto q = at::empty({1, R, heads, D}, y.options());
   const float* in = y.data_ptr<float>();
   const float *c = cos.data_ptr<float>(), *s = sin.data_ptr<float>();
   float *qo = q.data_ptr<float>(), *ko = keys.data_ptr<float>(), *vo = values.data_ptr<float>();

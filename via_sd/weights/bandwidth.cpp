@@ -2,7 +2,7 @@
 // thread streams its own contiguous share of a buffer far larger than the caches through vector loads, four
 // independent accumulators deep, and nothing is written back. kernel_breakdown.py times one call.
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/Parallel.h>
 
 #include <immintrin.h>
@@ -39,8 +39,8 @@ __attribute__((target("avx2"))) uint64_t read256(const uint8_t* p, int64_t n) {
 
 // Reads all of `buffer` (uint8, contiguous) once, split in one contiguous share per thread; returns a checksum so
 // the loads cannot be dropped. wide: 512-bit loads (else 256-bit).
-int64_t stream_read(torch::Tensor buffer, bool wide) {
-  TORCH_CHECK(buffer.scalar_type() == torch::kUInt8 && buffer.is_contiguous(), "buffer must be contiguous uint8");
+int64_t stream_read(at::Tensor buffer, bool wide) {
+  TORCH_CHECK(buffer.scalar_type() == at::kByte && buffer.is_contiguous(), "buffer must be contiguous uint8");
   const uint8_t* p = buffer.data_ptr<uint8_t>();
   const int64_t n = buffer.numel(), threads = at::get_num_threads(), share = (n / threads) & ~int64_t(255);
   std::vector<uint64_t> sums(threads, 0);

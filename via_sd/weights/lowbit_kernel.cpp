@@ -32,8 +32,12 @@
 //   int8 codes   uint8 [N/16, G, 512]:  byte (64 j + 4 o + i) = w[16t + o, 32g + 4j + i] + 128
 //   int8 scale   fp32  [N]
 
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // pybind11 and its at::Tensor casters
 #include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/silu.h>
+#include <ATen/ops/sum.h>
 
 #include <immintrin.h>
 #include <omp.h>
@@ -556,26 +560,26 @@ struct Part {
   int64_t tile_bytes() const { return G * (kind == INT4 ? 256 : kind == INT6 ? 384 : 512); }
 };
 
-Part part_of(int64_t kind, const torch::Tensor& codes, const torch::Tensor& scales, const torch::Tensor& bias, int64_t K,
+Part part_of(int64_t kind, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& bias, int64_t K,
              int64_t col) {
   TORCH_CHECK(kind == INT4 || kind == INT6 || kind == INT8, "a part's kind is 4, 6 or 8, not ", kind);
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == torch::kUInt8 && codes.is_contiguous(),
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kByte && codes.is_contiguous(),
               "codes must be a contiguous uint8 [N/16, K/32, bytes]");
   Part p{kind, codes.size(0), codes.size(1), col, 16 * codes.size(0), codes.data_ptr<uint8_t>(), nullptr, nullptr};
   TORCH_CHECK(p.G * GROUP == K && codes.size(2) == p.tile_bytes() / p.G, "codes in the wrong layout for int", kind);
   const int64_t B = kind == INT4 ? (p.G + SUPER - 1) / SUPER : p.G / SUPER;
   if (kind == INT8) {
-    TORCH_CHECK(scales.scalar_type() == torch::kFloat32 && scales.is_contiguous() && scales.numel() == p.out,
+    TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == p.out,
                 "an int8 part's scale must be float32 [16 * tiles]");
     p.scales = scales.data_ptr<float>();
   } else {
-    TORCH_CHECK(scales.scalar_type() == torch::kUInt8 && scales.is_contiguous() &&
+    TORCH_CHECK(scales.scalar_type() == at::kByte && scales.is_contiguous() &&
                 scales.numel() == p.tiles * B * (kind == INT4 ? 256 : 288) && (kind == INT4 || p.G % SUPER == 0),
                 "scales in the wrong layout for int", kind);
     p.scales = scales.data_ptr<uint8_t>();
   }
   if (bias.numel()) {
-    TORCH_CHECK(bias.scalar_type() == torch::kFloat32 && bias.is_contiguous() && bias.numel() == p.out,
+    TORCH_CHECK(bias.scalar_type() == at::kFloat && bias.is_contiguous() && bias.numel() == p.out,
                 "a bias must be float32 [", p.out, "]");
     p.bias = bias.data_ptr<float>();
   }
@@ -601,11 +605,11 @@ void run_tile(int isa, const Part& p, const Activations& a, int64_t t, float* y,
 // one handle instead of lists of tensors.
 struct Linears {
   std::vector<Part> parts;
-  std::vector<torch::Tensor> held;  // keeps the tensors the parts point into alive
+  std::vector<at::Tensor> held;  // keeps the tensors the parts point into alive
   std::vector<int64_t> kinds;
   int64_t K = 0, N = 0, nbytes = 0;  // nbytes: what a call reads of the weights (codes, scales, biases)
-  Linears(std::vector<int64_t> kinds, std::vector<torch::Tensor> codes, std::vector<torch::Tensor> scales,
-          std::vector<torch::Tensor> biases) {
+  Linears(std::vector<int64_t> kinds, std::vector<at::Tensor> codes, std::vector<at::Tensor> scales,
+          std::vector<at::Tensor> biases) {
     TORCH_CHECK(!kinds.empty() && codes.size() == kinds.size() && scales.size() == kinds.size() &&
                 biases.size() == kinds.size(), "one kind, codes, scales and bias (empty for none) per part");
     K = codes[0].dim() == 3 ? codes[0].size(1) * GROUP : 0;
@@ -622,20 +626,20 @@ struct Linears {
 // y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~CHUNK bytes of codes to
 // whichever thread asks next (ggml's way: on a shared machine a static split waits for the slower core at every
 // call); below two chunks of work, or inside a parallel region, the caller runs them.
-torch::Tensor tiles_mm(const torch::Tensor& x, const Linears& L, const torch::Tensor& residual, int64_t isa) {
+at::Tensor tiles_mm(const at::Tensor& x, const Linears& L, const at::Tensor& residual, int64_t isa) {
   TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
-  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == torch::kFloat32 && x.is_contiguous() && x.size(1) == L.K,
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == L.K,
               "x must be a contiguous float32 [M, ", L.K, "]");
   const int64_t M = x.size(0), N = L.N;
   const float* res = nullptr;
   if (residual.defined() && residual.numel()) {
-    TORCH_CHECK(residual.scalar_type() == torch::kFloat32 && residual.is_contiguous() && residual.numel() == M * N,
+    TORCH_CHECK(residual.scalar_type() == at::kFloat && residual.is_contiguous() && residual.numel() == M * N,
                 "the residual must be a contiguous float32 [M, N]");
     res = residual.data_ptr<float>();
   }
   Activations once, &a = buffer(M * L.K, once);
   quantize(x.data_ptr<float>(), M, L.K, int(isa), a);
-  auto y = torch::empty({M, N}, x.options());
+  auto y = at::empty({M, N}, x.options());
   float* out = y.data_ptr<float>();
   struct Chunk { int64_t part, t0, t1; };
   std::vector<Chunk> chunks;
@@ -660,11 +664,11 @@ torch::Tensor tiles_mm(const torch::Tensor& x, const Linears& L, const torch::Te
 // torch.rms_norm's bits, without its eight dispatches: ATen's composite is
 //     w * (x * rsqrt(sum(x * x, -1) / H + eps))        (pow 2 is x * x; mean is sum, then div_ by H)
 // and the one step whose order of additions is ATen's own, the sum, is ATen's sum on the same tensor shape.
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  TORCH_CHECK(x.scalar_type() == torch::kFloat && x.is_contiguous() && weight.scalar_type() == torch::kFloat &&
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && weight.scalar_type() == at::kFloat &&
               weight.is_contiguous() && x.size(-1) == weight.numel(), "x [..., H] and weight [H] must be contiguous float32");
   const int64_t H = weight.numel(), rows = x.numel() / H;
-  auto sq = torch::empty_like(x);
+  auto sq = at::empty_like(x);
   const float* in = x.data_ptr<float>();
   float* q = sq.data_ptr<float>();
   for (int64_t i = 0; i < rows * H; ++i) q[i] = in[i] * in[i];
@@ -672,7 +676,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
   const float* sum = sums.data_ptr<float>();
   const float* w = weight.data_ptr<float>();
   const float e = float(eps), n = float(H);
-  auto out = torch::empty_like(x);
+  auto out = at::empty_like(x);
   float* o = out.data_ptr<float>();
   for (int64_t r = 0; r < rows; ++r) {
     const float inv = 1.0f / std::sqrt(sum[r] / n + e);
@@ -683,45 +687,45 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
 
 }  // namespace
 
-torch::Tensor rope_attention(torch::Tensor y, torch::Tensor cos, torch::Tensor sin, torch::Tensor keys,
-                             torch::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa);  // attention.cpp
+at::Tensor rope_attention(at::Tensor y, at::Tensor cos, at::Tensor sin, at::Tensor keys,
+                             at::Tensor values, int64_t start, int64_t heads, double scale, int64_t isa);  // attention.cpp
 
 namespace {
 
 // A decoder layer's attention sub-layer in one call: h + o_proj(attention(rope(qkv(rms_norm(h))))), every step the
 // lean forward's, with its bits (lean_forward.py).
-torch::Tensor attention_sublayer(torch::Tensor h, torch::Tensor norm, double eps, const Linears& qkv, torch::Tensor cos,
-                                 torch::Tensor sin, torch::Tensor keys, torch::Tensor values, int64_t start,
+at::Tensor attention_sublayer(at::Tensor h, at::Tensor norm, double eps, const Linears& qkv, at::Tensor cos,
+                                 at::Tensor sin, at::Tensor keys, at::Tensor values, int64_t start,
                                  int64_t heads, double scale, const Linears& o, int64_t isa) {
   const int64_t n = h.size(-2);
   auto x = rms_norm(h, norm, eps);
-  auto y = tiles_mm(x.view({n, -1}), qkv, torch::Tensor(), isa);
+  auto y = tiles_mm(x.view({n, -1}), qkv, at::Tensor(), isa);
   auto a = rope_attention(y, cos, sin, keys, values, start, heads, scale, std::min<int64_t>(isa, 1));
   return tiles_mm(a.view({n, -1}), o, h, isa).view(h.sizes());
 }
 
 // A decoder layer's MLP sub-layer in one call: h + down(silu(gate) * up) over rms_norm(h), silu and the product
 // ATen's own (the same kernels the lean forward and transformers call, so the same bits).
-torch::Tensor mlp_sublayer(torch::Tensor h, torch::Tensor norm, double eps, const Linears& gate_up, int64_t inner,
+at::Tensor mlp_sublayer(at::Tensor h, at::Tensor norm, double eps, const Linears& gate_up, int64_t inner,
                            const Linears& down, int64_t isa) {
   const int64_t n = h.size(-2);
   auto x = rms_norm(h, norm, eps);
-  auto y = tiles_mm(x.view({n, -1}), gate_up, torch::Tensor(), isa);
+  auto y = tiles_mm(x.view({n, -1}), gate_up, at::Tensor(), isa);
   auto g = at::silu(y.narrow(1, 0, inner)).mul_(y.narrow(1, inner, y.size(1) - inner));
   return tiles_mm(g, down, h, isa).view(h.sizes());
 }
 
 }  // namespace
 
-torch::Tensor causal_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, double scale, int64_t isa);  // attention.cpp
-int64_t stream_read(torch::Tensor buffer, bool wide);  // bandwidth.cpp
+at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale, int64_t isa);  // attention.cpp
+int64_t stream_read(at::Tensor buffer, bool wide);  // bandwidth.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
   m.def("rope_attention", &rope_attention, "a sub-layer's rotary embedding, cache writes and attention (attention.cpp)");
   pybind11::class_<Linears>(m, "Linears")
-      .def(pybind11::init<std::vector<int64_t>, std::vector<torch::Tensor>, std::vector<torch::Tensor>,
-                          std::vector<torch::Tensor>>())
+      .def(pybind11::init<std::vector<int64_t>, std::vector<at::Tensor>, std::vector<at::Tensor>,
+                          std::vector<at::Tensor>>())
       .def_readonly("kinds", &Linears::kinds)
       .def_readonly("in_features", &Linears::K)
       .def_readonly("out_features", &Linears::N)
