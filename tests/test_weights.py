@@ -14,6 +14,7 @@ from gguf.quants import dequantize, quantize
 from via_sd import DecodeConfig, Trace, generate, load_pair
 from via_sd.weights.gguf_pack import Entries, UnsupportedTensorType, decompose, gguf_tensors
 from via_sd.weights import lowbit_kernel
+from via_sd.weights.gguf_file import GgufFile
 from via_sd.weights.settings import Int4Linear, Int6Linear, Int8Linear, LowbitEmbedding, RescoredHead, quantize_int4, resolve_weights
 
 ROWS, COLS = 64, 512
@@ -66,7 +67,7 @@ def test_a_gguf_file_reads_back_tensor_by_tensor(tmp_path):
                       "c.weight": (blocks_of("Q8_0"), "Q8_0"), "norm.weight": (np.ones(32, np.float32), None),
                       "h.weight": (f16, None)})
     reader = GGUFReader(str(path))
-    got = dict(gguf_tensors(reader, path))
+    got = dict(gguf_tensors(GgufFile(path), path))
     by_name = {t.name: t for t in reader.tensors}
     for name in ("a.weight", "b.weight", "c.weight"):
         t = by_name[name]
@@ -81,7 +82,7 @@ def test_an_unsupported_gguf_tensor_type_is_an_error_naming_type_and_file(tmp_pa
     block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K]
     write_gguf(path, {"blk.0.ffn_up.weight": (np.zeros((4, 2 * nbytes), np.uint8), "Q2_K")})
     with pytest.raises(UnsupportedTensorType) as err:
-        list(gguf_tensors(GGUFReader(str(path)), path))
+        list(gguf_tensors(GgufFile(path), path))
     assert "Q2_K" in str(err.value) and str(path) in str(err.value) and "blk.0.ffn_up.weight" in str(err.value)
 
 

@@ -166,11 +166,11 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
         model.generation_config = GenerationConfig.from_pretrained(source)
         return model.to(device).eval()
     if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
-        from gguf import GGUFReader
+        from ..weights.gguf_file import GgufFile
 
-        reader = GGUFReader(source)
-        config = gguf_config(source, reader)
-        return build_model(config, Entries.from_gguf(source, config, reader), weights, exact_top1=exact_top1).eval()
+        gguf = GgufFile(source)
+        config = gguf_config(source, gguf)
+        return build_model(config, Entries.from_gguf(source, config, gguf), weights, exact_top1=exact_top1).eval()
     kwargs = {"dtype": dtype, "trust_remote_code": False}
     folder = source
     if source.endswith(".gguf"):

@@ -21,8 +21,9 @@ def load_tokenizer(source: str):
     from transformers import AutoTokenizer
 
     if source.endswith(".gguf"):
-        path = Path(source)
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
+        from ..weights.gguf_pack import gguf_tokenizer
+
+        return gguf_tokenizer(source)
     return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
 
 

@@ -157,12 +157,12 @@ def _assemble(spec: EmbeddedSpec, parts: list[Path], gguf: Path, progress: Progr
 
 def _convert(spec: EmbeddedSpec, gguf: Path, out: Path, progress: Progress) -> None:
     """GGUF -> codes / scales / offsets (safetensors), config, generation config and tokenizer."""
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import GenerationConfig
 
-    from .gguf_pack import write_cache
+    from .gguf_pack import gguf_tokenizer, write_cache
 
     progress(f"{spec.name}: unpacking the GGUF blocks", 0.3)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    tokenizer = gguf_tokenizer(gguf)
     write_cache(gguf, out)
     # The GGUF keeps one eos id (<|im_end|>); the instruct model's own generation config
     # also stops on <|endoftext|>.
@@ -175,10 +175,11 @@ def _check_converted(spec: EmbeddedSpec, gguf: Path, out: Path, gguf_tokenizer, 
     """Reread the saved folder the way users will: the codes give the gguf package's own
     de-quantized values (first rows of one tensor of each type), the tokenizer splits as before."""
     import numpy as np
-    from gguf import GGUFReader
+    from gguf.constants import GGMLQuantizationType
     from gguf.quants import dequantize
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
+    from .gguf_file import GgufFile
     from .gguf_pack import Entries, _hf_names
 
     progress(f"{spec.name}: checking the saved folder", 0.95)
@@ -189,17 +190,18 @@ def _check_converted(spec: EmbeddedSpec, gguf: Path, out: Path, gguf_tokenizer, 
     config = AutoConfig.from_pretrained(str(out))
     if config.model_type != "qwen2" or getattr(config, "quantization_config", None) is not None:
         fail(f"model_type={config.model_type!r}, quantization_config={getattr(config, 'quantization_config', None)}")
-    entries, reader = Entries.from_cache(out), GGUFReader(str(gguf))
+    entries, file = Entries.from_cache(out), GgufFile(gguf)
     # These GGUFs carry their own (finer-quantized) output.weight, so the head is untied.
     if config.tie_word_embeddings == ("lm_head.weight" in entries.keys()):
         fail(f"tie_word_embeddings={config.tie_word_embeddings} but lm_head.weight saved: {'lm_head.weight' in entries.keys()}")
-    names, _ = _hf_names(config, reader, gguf)
+    names, _ = _hf_names(config, file, gguf)
     checked = set()
-    for t in reader.tensors:
-        kind, hf = t.tensor_type.name, names.get(t.name)
+    for t in file.tensors:
+        kind, hf = t.type, names.get(t.name)
         if kind in checked or hf is None or not entries.is_codes(hf):
             continue
-        reference = dequantize(t.data[:16], t.tensor_type).reshape(16, -1)
+        rows = t.data.reshape(t.shape[0], -1)[:16]  # the first 16 rows' blocks
+        reference = dequantize(np.array(rows), GGMLQuantizationType[kind]).reshape(16, -1)
         if not np.array_equal(entries.dequantize(hf, slice(0, 16)).numpy(), reference):
             fail(f"{hf} ({kind}) does not de-quantize to the gguf package's values")
         checked.add(kind)

@@ -152,20 +152,18 @@ def decompose(data: np.ndarray, type_name: str, shape: tuple[int, int], where: s
                  zero, bits, group, type_name)
 
 
-def gguf_tensors(reader, path: str | Path = ""):
-    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GGUFReader, one at a time."""
-    for t in reader.tensors:
-        kind = t.tensor_type.name
-        shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # ggml lists the fastest dim first
-        if kind in FLOAT_TYPES:
-            data = np.asarray(t.data)
-            if kind == "BF16":
-                data = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
-            yield t.name, data.reshape(shape)
-        elif len(shape) == 2:
-            yield t.name, decompose(t.data, kind, shape, where=f" (tensor {t.name} in {path})")
+def gguf_tensors(gguf, path: str | Path = ""):
+    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GgufFile (gguf_file.py), one at a time."""
+    for t in gguf.tensors:
+        if t.type in FLOAT_TYPES:
+            data = t.data.view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[t.type])
+            if t.type == "BF16":
+                data = (data.astype(np.uint32) << 16).view(np.float32)
+            yield t.name, data.reshape(t.shape)
+        elif len(t.shape) == 2:
+            yield t.name, decompose(t.data, t.type, t.shape, where=f" (tensor {t.name} in {path})")
         else:
-            raise UnsupportedTensorType(f"GGUF tensor {t.name} in {path}: type {kind} with shape {shape} "
+            raise UnsupportedTensorType(f"GGUF tensor {t.name} in {path}: type {t.type} with shape {t.shape} "
                                         "is not supported (quantized tensors must be 2-D)")
 
 

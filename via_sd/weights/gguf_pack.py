@@ -17,29 +17,25 @@ import torch
 
 from .gguf_codes import (DECOMPOSE, FLOAT_TYPES, SUPPORTED, Codes, UnsupportedTensorType, decompose,  # noqa: F401
                          dequantize_codes, gguf_tensors)
+from .gguf_file import GgufFile
 from .linears import pack_nibbles, unpack_nibbles
 from .build import build_model  # noqa: F401
 
 WEIGHTS_FILE = "weights.safetensors"
+PLAIN = ("llama", "qwen2", "qwen3")  # architectures whose GGUF config transformers builds by renaming keys alone
 
 
-def _architecture(reader) -> str:
-    field = reader.fields["general.architecture"]
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def _hf_names(config, reader, path) -> tuple[dict[str, str], object]:
+def _hf_names(config, gguf, path) -> tuple[dict[str, str], object]:
     """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
                                                          get_gguf_hf_weights_map)
 
-    arch = _architecture(reader)
-    processor_class = TENSOR_PROCESSORS.get(arch, TensorProcessor)
+    processor_class = TENSOR_PROCESSORS.get(gguf.architecture, TensorProcessor)
     if processor_class not in (TensorProcessor, LlamaTensorProcessor):
-        raise UnsupportedTensorType(f"{path}: GGUF architecture {arch!r} needs transformers' own tensor processing; "
-                                    "load it with weights='fp32' or 'bf16'")
+        raise UnsupportedTensorType(f"{path}: GGUF architecture {gguf.architecture!r} needs transformers' own tensor "
+                                    "processing; load it with weights='fp32' or 'bf16'")
     with init_empty_weights():
         meta = AutoModelForCausalLM.from_config(config)
     return get_gguf_hf_weights_map(meta, processor_class(config=config.to_dict())), processor_class
@@ -59,14 +55,13 @@ def _llama_rows(name: str, rows: int, config) -> np.ndarray | None:
     return index.reshape(n, rows // n // 2, 2).swapaxes(2, 1).reshape(rows)
 
 
-def gguf_entries(path, config, reader=None):
+def gguf_entries(path, config, gguf: GgufFile | None = None):
     """Yields (hf_name, Codes | float ndarray) of a GGUF file in transformers' parameter names."""
-    from gguf import GGUFReader
     from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-    reader = reader or GGUFReader(str(path))
-    names, processor = _hf_names(config, reader, path)
-    for name, value in gguf_tensors(reader, path):
+    gguf = gguf or GgufFile(path)
+    names, processor = _hf_names(config, gguf, path)
+    for name, value in gguf_tensors(gguf, path):
         hf = names.get(name)
         if hf is None:
             continue  # e.g. rope_freqs: derived from the config by transformers too
@@ -79,28 +74,58 @@ def gguf_entries(path, config, reader=None):
         yield hf, value
 
 
-def gguf_config(path, reader):
-    """The transformers config of a GGUF file; the head is tied only when the file has no output.weight."""
-    from transformers import AutoConfig
+def gguf_config(path, gguf: GgufFile | None = None):
+    """The transformers config of a GGUF file; the head is tied only when the file has no output.weight.
 
-    path = Path(path)
-    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    Where transformers' GGUF loader only renames keys (llama, qwen2, qwen3 and the like: `PLAIN`), the config comes
+    from the header read once (gguf_file.py) through transformers' own key map and defaults; every other
+    architecture goes through `AutoConfig.from_pretrained`, which reads the file again with gguf's reader."""
+    from transformers import AutoConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_DEFAULTS_MAPPING, GGUF_CONFIG_MAPPING
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    path, gguf = Path(path), gguf or GgufFile(path)
+    arch, meta = gguf.architecture, gguf.metadata
+    if arch in PLAIN and not (arch == "llama" and "mistral" in str(meta.get("general.name", "")).lower()):
+        values = {**GGUF_CONFIG_DEFAULTS_MAPPING.get(arch, {}), "tie_word_embeddings": "output.weight" not in gguf.tensor_names()}
+        for key, value in meta.items():
+            prefix, _, rest = key.partition(".")
+            name = GGUF_CONFIG_MAPPING.get(prefix, {}).get(rest)
+            if name not in (None, -1):
+                values[name] = value
+        values.setdefault("vocab_size", meta.get("tokenizer.ggml.tokens"))  # a string array: its length
+        config = CONFIG_MAPPING[values["model_type"]].from_dict(values)
+    else:
+        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.tie_word_embeddings = not any(t.name == "output.weight" for t in reader.tensors)
+    config.tie_word_embeddings = "output.weight" not in gguf.tensor_names()
     return config
+
+
+def gguf_tokenizer(path, config=None):
+    """The tokenizer a GGUF file describes, as `AutoTokenizer.from_pretrained(folder, gguf_file=...)` builds it, without
+    the second read of the whole header that AutoTokenizer makes to find the class (13 s of 14 s on a Qwen file)."""
+    from transformers import AutoTokenizer
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING
+
+    path = Path(path)
+    config = config or gguf_config(path)
+    found = TOKENIZER_MAPPING.get(type(config), None)
+    found = next((c for c in reversed(found) if c is not None), None) if isinstance(found, tuple) else found
+    loader = found or AutoTokenizer
+    return loader.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
 
 
 def write_cache(path, out) -> dict:
     """GGUF file -> <out>/weights.safetensors + config.json: codes, scales and offsets as stored,
     4-bit codes two to a byte. Returns {tensor type: count}."""
-    from gguf import GGUFReader
     from safetensors.torch import save_file
 
-    reader = GGUFReader(str(path))
-    config = gguf_config(path, reader)
+    gguf = GgufFile(path)
+    config = gguf_config(path, gguf)
     tensors, meta, counts = {}, {}, {}
-    for hf, value in gguf_entries(path, config, reader):
+    for hf, value in gguf_entries(path, config, gguf):
         if isinstance(value, Codes):
             codes = value.codes
             if value.bits == 4:
@@ -168,9 +193,9 @@ class Entries:
         return cls(_CacheFile(Path(folder) / WEIGHTS_FILE), None)
 
     @classmethod
-    def from_gguf(cls, path, config, reader=None):
+    def from_gguf(cls, path, config, gguf: GgufFile | None = None):
         tensors, meta = {}, {}
-        for hf, value in gguf_entries(path, config, reader):
+        for hf, value in gguf_entries(path, config, gguf):
             if isinstance(value, Codes):
                 tensors[f"{hf}.codes"] = torch.from_numpy(value.codes)
                 tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
