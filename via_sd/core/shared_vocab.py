@@ -9,7 +9,6 @@ alone, so a mismatched pair is refused in seconds with nothing loaded.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 # Sentences whose token ids a drafter and verifier must agree on.
 PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
