@@ -1,6 +1,7 @@
 """The slim verifier, routes, model loading, the trace contract and bad input."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ from transformers import DynamicCache
 from via_sd import DecodeConfig, ModelLoadError, Route, Thresholds, Trace, generate, load_pair, tiny_random_pair
 from via_sd.core.pair import char_tokenizer
 from via_sd.core.routing import resolve_route
-from via_sd.core.shared_vocab import tokenizer_difference
+from via_sd.core.shared_vocab import load_tokenizer, tokenizer_difference
 
 
 def test_slim_verifier_shares_the_verifiers_weights(tiny_routed_pair):
@@ -140,6 +141,24 @@ def test_pairs_load_from_local_folders_and_mismatched_tokenizers_are_refused(tmp
     with pytest.raises(ValueError, match=r"drafter .* and verifier .* do not share a tokenizer: vocabularies differ "
                                          r"\(drafter 98, verifier 99\): 1 only in the verifier's \('world'\)"):
         load_pair(drafter=drafter, verifier=verifier, device="cpu")
+
+
+def test_one_tokenizer_in_both_folders_is_read_once_and_any_other_byte_makes_it_two(tmp_path, monkeypatch):
+    import via_sd.core.pair as pair_module
+    from via_sd.core.shared_vocab import same_tokenizer_files
+
+    drafter, verifier = save_tiny_pair(tmp_path)  # one tokenizer saved twice: the same files
+    reads = []
+    monkeypatch.setattr(pair_module, "load_tokenizer", lambda source: reads.append(source) or load_tokenizer(source))
+    assert same_tokenizer_files(drafter, verifier)
+    load_pair(drafter=drafter, verifier=verifier, route=["attn.1"], device="cpu")
+    assert reads == [verifier]
+    config = Path(verifier, "tokenizer_config.json")
+    config.write_text(config.read_text().replace("{", "{ ", 1))  # the same tokenizer, one byte more: read both
+    assert not same_tokenizer_files(drafter, verifier)
+    reads.clear()
+    load_pair(drafter=drafter, verifier=verifier, route=["attn.1"], device="cpu")
+    assert reads == [drafter, verifier]
 
 
 def test_special_tokens_and_ids_are_compared_and_nothing_is_loaded_before(tmp_path):

@@ -9,6 +9,8 @@ alone, so a mismatched pair is refused in seconds with nothing loaded.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 # Sentences whose token ids a drafter and verifier must agree on.
 PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve café, 東京."]
@@ -24,6 +26,21 @@ def load_tokenizer(source: str):
 
         return gguf_tokenizer(source)
     return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+
+
+def same_tokenizer_files(a: str, b: str) -> bool:
+    """Two model folders whose tokenizer files (tokenizer*, vocab, merges, special and added tokens, chat template) are
+    the same set, byte for byte: one tokenizer, so it is read once and needs no comparison."""
+    def files(folder: Path) -> dict[str, Path]:
+        return {p.name: p for p in folder.iterdir() if p.is_file() and (p.name.startswith("tokenizer") or p.name in (
+            "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+            "chat_template.json"))}
+
+    a, b = Path(a), Path(b)
+    if not (a.is_dir() and b.is_dir()):
+        return False
+    fa, fb = files(a), files(b)
+    return bool(fa) and fa.keys() == fb.keys() and all(fa[n].read_bytes() == fb[n].read_bytes() for n in fa)
 
 
 def special_tokens(tokenizer) -> dict[str, int]:

@@ -22,11 +22,14 @@ from .linears import pack_nibbles, unpack_nibbles
 from .build import build_model  # noqa: F401
 
 WEIGHTS_FILE = "weights.safetensors"
+_NAMES: dict = {}  # (architecture, config) -> transformers' tensor name map (_hf_names)
 PLAIN = ("llama", "qwen2", "qwen3")  # architectures whose GGUF config transformers builds by renaming keys alone
 
 
 def _hf_names(config, gguf, path) -> tuple[dict[str, str], object]:
-    """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor."""
+    """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor. The map takes 4-6 s
+    (transformers builds gguf's name table once per module), so a process makes it once per architecture and config:
+    the unpacking and its check both need it."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
@@ -36,9 +39,16 @@ def _hf_names(config, gguf, path) -> tuple[dict[str, str], object]:
     if processor_class not in (TensorProcessor, LlamaTensorProcessor):
         raise UnsupportedTensorType(f"{path}: GGUF architecture {gguf.architecture!r} needs transformers' own tensor "
                                     "processing; load it with weights='fp32' or 'bf16'")
-    with init_empty_weights():
-        meta = AutoModelForCausalLM.from_config(config)
-    return get_gguf_hf_weights_map(meta, processor_class(config=config.to_dict())), processor_class
+    key = (gguf.architecture, json.dumps({k: v for k, v in config.to_dict().items()  # where it was read from aside
+                                          if k not in ("_name_or_path", "architectures", "transformers_version")},
+                                         sort_keys=True, default=str))
+    if key not in _NAMES:
+        with init_empty_weights():
+            meta = AutoModelForCausalLM.from_config(config)
+        while len(_NAMES) >= 4:
+            _NAMES.pop(next(iter(_NAMES)))
+        _NAMES[key] = get_gguf_hf_weights_map(meta, processor_class(config=config.to_dict()))
+    return _NAMES[key], processor_class
 
 
 def _llama_rows(name: str, rows: int, config) -> np.ndarray | None:
