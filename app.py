@@ -282,14 +282,22 @@ def stop_cleanly_on_sigterm() -> None:
 
 
 def launch(preset: str = DEFAULT_PRESET, **kwargs):
-    """Start the page at once and load `preset` in the background."""
-    MODELS.preload(preset)
+    """Serve the page, then load `preset` in the background. The load's first steps (reading the tokenizer, opening
+    the models) would share the interpreter with the server's start and hold the page back by seconds; a Run pressed
+    before the pair is in waits for it, and the page shows the load from its first second."""
+    MODELS.announce(preset)
     demo = build_demo(preset)
     demo.queue(default_concurrency_limit=1, max_size=64)
     kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)  # the server refuses a larger upload before storing it
     kwargs = {**mcp_options(), **kwargs}
+    block = not kwargs.pop("prevent_thread_lock", False)
     stop_cleanly_on_sigterm()
-    return demo.launch(css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft(), **kwargs)
+    served = demo.launch(css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft(), prevent_thread_lock=True,
+                         **kwargs)
+    MODELS.preload(preset)
+    if block:
+        demo.block_thread()  # until Ctrl-C or SIGTERM (stop_cleanly_on_sigterm)
+    return served
 
 
 if __name__ == "__main__":

@@ -313,6 +313,10 @@ class Models:
         with self._lock:
             self._warm.add(id(pair))
 
+    def announce(self, preset: str) -> None:
+        """The page shows the load of `preset` from its first second, before `preload` begins it."""
+        self._report(preset=preset, message="starting", fraction=0.0)
+
     def preload(self, preset: str) -> None:
         """Load the startup preset in the background so the page is usable at once."""
         def work():
@@ -322,7 +326,7 @@ class Models:
                 log.warning("background load of %s failed: %s", preset, err)
                 self._report(preset=None)
 
-        self._report(preset=preset, message="starting", fraction=0.0)  # the page shows "loading" at once
+        self.announce(preset)
         threading.Thread(target=work, name=f"preload-{preset}", daemon=True).start()
 
     def wait(self, preset: str, progress=None):
