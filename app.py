@@ -26,7 +26,6 @@ import gradio as gr
 
 from studio import api, batch, costs, lab, layout, memory, own_pair, recorded, runs, views
 from studio.downloads import forget_session
-from studio.lab import CUSTOM
 from studio.layout import DEFAULTS  # noqa: F401  (the values the controls start at, for scripts)
 from studio.models import DEFAULT_PRESET, MODELS, load_preset, poll_status
 from studio.views import MAX_UPLOAD_BYTES
@@ -164,7 +163,7 @@ def wire_threshold_lab(ui: SimpleNamespace) -> None:
     ui.threshold_preset.input(lab.apply_threshold_preset, [ui.threshold_preset], [ui.accept, ui.escalate, ui.signal],
                               api_visibility="private", queue=False)
     for control in (ui.accept, ui.escalate, ui.signal):  # a hand on a control makes the setting custom
-        control.input(None, None, ui.threshold_preset, js=f"() => '{CUSTOM}'")
+        control.input(None, None, ui.threshold_preset, js=f"() => '{lab.CUSTOM}'")
     for slider in (ui.accept, ui.escalate):  # a release that re-runs supersedes this session's run at once
         after_run(slider.release(runs.request_rerun, [ui.rerun], [ui.run_ticket, ui.race_view],
                                  api_visibility="private", queue=False, trigger_mode="multiple").then(
@@ -282,18 +281,13 @@ def stop_cleanly_on_sigterm() -> None:
 
 
 def launch(preset: str = DEFAULT_PRESET, **kwargs):
-    """Serve the page, then load `preset` in the background. The load's first steps (reading the tokenizer, opening
-    the models) would share the interpreter with the server's start and hold the page back by seconds; a Run pressed
-    before the pair is in waits for it, and the page shows the load from its first second."""
-    MODELS.announce(preset)
-    demo = build_demo(preset)
-    demo.queue(default_concurrency_limit=1, max_size=64)
-    kwargs.setdefault("max_file_size", MAX_UPLOAD_BYTES)  # the server refuses a larger upload before storing it
-    kwargs = {**mcp_options(), **kwargs}
+    """Serve the page (no torch imported yet: studio.engine), then load `preset`; a Run meanwhile waits for it."""
+    MODELS.announce(preset)  # the page shows the load from its first second
+    demo = build_demo(preset).queue(default_concurrency_limit=1, max_size=64)
     block = not kwargs.pop("prevent_thread_lock", False)
     stop_cleanly_on_sigterm()
-    served = demo.launch(css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft(), prevent_thread_lock=True,
-                         **kwargs)
+    served = demo.launch(**{**mcp_options(), "max_file_size": MAX_UPLOAD_BYTES, **kwargs}, prevent_thread_lock=True,
+                         css_paths=sorted(ASSETS.glob("*.css")), theme=gr.themes.Soft())  # a larger upload: refused
     MODELS.preload(preset)
     if block:
         demo.block_thread()  # until Ctrl-C or SIGTERM (stop_cleanly_on_sigterm)

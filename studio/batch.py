@@ -13,9 +13,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from via_sd.bench import BENCH_METHODS, load_prompts, run_bench, run_sweep
-from via_sd.bench.run import SCHEMA
+from via_sd.bench.inputs import load_prompts
+from via_sd.bench.methods import BENCH_METHODS, SCHEMA
 
+from .engine import run_bench, run_sweep
 from .gpu import gpu
 from .inputs import (MAX_GRID, Bound, UserError, check_prompt, choice, flag, grid_size, input_schemas, make_config,
                      name, number, refuse, shown)

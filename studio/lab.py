@@ -14,12 +14,11 @@ import gradio as gr
 import via_sd
 import viz
 import viz.page as page
-from via_sd.bench import run_sweep
-from via_sd.route_search import how_made, route_for
 from viz.lab import EMPTY as WHATIF_EMPTY
 from viz.lab import what_if_card_html, what_if_error_html
 from viz.presets import preset_points_figure
 
+from .engine import how_made, route_for, run_sweep
 from .gpu import gpu
 from .inputs import (MAX_GRID, SIGNALS, UserError, check_prompt, choice, grid_size, make_config, make_thresholds,
                      name, number, parse_grid, refuse)

@@ -20,18 +20,15 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
-import torch
 
 import viz.page as page
-from via_sd import NO_ROUTE, PRESETS, DecodeConfig, ModelLoadError, NoRouteWarning, Thresholds, generate, load_pair
-from via_sd.route_search import pick_route
-from via_sd.core.routing import SlimVerifier, resolve_route, shipped_routes
-from via_sd.core.pair import default_device
-from via_sd.core.profile import has_prior, profile_for
-from via_sd.weights import lowbit_kernel
+from via_sd.core.catalog import NO_ROUTE, PRESETS, ModelLoadError, NoRouteWarning, shipped_routes
+from via_sd.core.config import DecodeConfig
+from via_sd.core.plan import Thresholds
 from via_sd.weights.embedded import EmbeddedModelError, embedded_model_dirs, embedded_ready
-from via_sd.weights.settings import resolve_weights
 
+from .engine import (SlimVerifier, cuda_available, default_device, empty_cuda_cache, generate, has_prior, kernel_module,
+                     load_pair, pick_route, profile_for, resolve_route, resolve_weights)
 from .gpu import ON_ZERO_GPU, WARM_UP_S, gpu
 from .inputs import UserError
 from .loading import KERNEL, LOAD, MEASURE, UNPACK, WARM, LoadProgress, without_paths
@@ -133,7 +130,7 @@ def load_steps(preset: str, warm: bool) -> list:
 
 def kernel_built() -> bool:
     """Is the kernel of these sources and this torch compiled in the cache already (a load then only opens it)?"""
-    return any(lowbit_kernel.build_dir().glob("*.so"))
+    return any(kernel_module().build_dir().glob("*.so"))
 
 
 @gpu(duration=WARM_UP_S)
@@ -186,7 +183,7 @@ class Models:
         if pair is not None:
             route = route or pair.route
             kernel = pair.kernels().split(" (")[0]  # which kernel runs the weights, without its terms
-            if pair.weights == "int4" and (error := lowbit_kernel.build_error()):
+            if pair.weights == "int4" and (error := kernel_module().build_error()):
                 kernel = f"{kernel}: {error}"  # the compiler's error, and that tokens differ from the kernel's
             line = page.pair_line(pair.device.type, str(pair.dtype).replace("torch.", ""), pair.weights,
                                   pair.drafter_name, pair.verifier_name, route.name, len(route.skip),
@@ -199,7 +196,7 @@ class Models:
             return page.warning_line(why)
         if state["error"] and preset in state["error"]:
             return page.warning_line(state["error"])
-        return page.idle_line("cuda" if torch.cuda.is_available() else "cpu", spec_of(preset)["about"])
+        return page.idle_line("cuda" if cuda_available() else "cpu", spec_of(preset)["about"])
 
     def default_route(self, preset: str):
         with self._lock:
@@ -243,7 +240,7 @@ class Models:
 
             # the kernel is compiled (first start) or opened meanwhile: a compiler and ninja in their own processes,
             # while this thread unpacks; whatever needs it next waits on lowbit_kernel's lock
-            kernel = threading.Thread(target=lowbit_kernel.module, name="kernel", daemon=True)
+            kernel = threading.Thread(target=lambda: kernel_module().module(), name="kernel", daemon=True)
             if not str(spec_of(preset)["drafter"]).startswith("random:") and \
                     resolve_weights("auto", default_device()) == "int4":  # a GPU's bf16 needs no CPU kernel
                 kernel.start()
@@ -347,8 +344,7 @@ class Models:
             self._warm.clear()
         gc.unfreeze()  # the dropped pair's objects are the collector's again
         gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        empty_cuda_cache()
 
     # ---- routes ----
     def view(self, pair, preset: str, route: str | None):

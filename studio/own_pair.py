@@ -24,9 +24,9 @@ import gradio as gr
 import viz.page as page
 from via_sd import NO_ROUTE
 from via_sd.core.shared_vocab import load_tokenizer, tokenizer_difference
-from via_sd.route_search import how_made, route_for
 
 from .downloads import DOWNLOADS, write_atomic
+from .engine import how_made, route_for
 from .gpu import gpu
 from .inputs import MAX_NAME_CHARS, UserError, refuse, shown
 from .models import LOCK_REASON, MODELS, OWN, preset_choices, preset_locked

@@ -16,10 +16,7 @@ import time
 import gradio as gr
 
 import viz.page as page
-from via_sd.core.decoding import stream_events
-from via_sd.core.profile import learn
-from via_sd.bench.fidelity import measure_fidelities
-
+from .engine import learn, measure_fidelities, stream_events
 from .gpu import run_seconds, gpu
 from .inputs import check_prompt, flag, make_config, name
 from .inputs import route as check_route

@@ -56,7 +56,7 @@ def embedded_load_replayed(monkeypatch):
             time.sleep(0.01)
         seen.append(fresh.status("embedded"))
 
-    monkeypatch.setattr(models.lowbit_kernel, "module", kernel_build)
+    monkeypatch.setattr(models.kernel_module(), "module", kernel_build)
     monkeypatch.setattr(models, "load_pair", load_pair)
     monkeypatch.setattr(models, "pick_route", lambda pair, progress: emit(progress, ROUTE))
     monkeypatch.setattr(models, "profile_for", lambda pair, progress: emit(progress, PROFILE))
@@ -191,3 +191,23 @@ def test_a_failed_load_names_no_server_path(monkeypatch):
         fresh.pair("embedded", warm=False)
     line = fresh.status("embedded")
     assert "part file(s) missing" in line and "reinstall the wheels" in line and CACHE not in line, line
+
+
+def test_the_page_and_its_tools_are_built_before_the_engine_is_imported():
+    """app.py serves the page, then loads the pair: building the page, its API and its MCP tools imports neither torch
+    nor transformers (they come with the load, beside the browser drawing the page); the load then brings them."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = ("import sys, app\n"
+              "from studio import mcp_tools\n"
+              "app.MODELS.announce('random')\n"
+              "app.build_demo('random'); mcp_tools.tool_specs()\n"
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+              "app.MODELS.pair('random')\n"
+              "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:2] == ["[]", "['torch', 'transformers']"]

@@ -19,8 +19,8 @@ pin()  # before anything of ours loads torch: one ATen code path on every x86 ma
 _PUBLIC = {
     "core.decoding": ("METHODS", "Event", "generate", "stream", "stream_events"),
     "core.config": ("DecodeConfig",),
-    "core.pair": ("PRESETS", "NO_ROUTE", "ModelLoadError", "ModelPair", "NoRouteWarning", "load_pair",
-                  "tiny_random_pair"),
+    "core.catalog": ("PRESETS", "NO_ROUTE", "ModelLoadError", "NoRouteWarning"),
+    "core.pair": ("ModelPair", "load_pair", "tiny_random_pair"),
     "route_search": ("measure_route", "pick_route", "route_for", "search_curve", "search_route"),
     "core.routing": ("Route", "SlimVerifier"),
     "core.plan": ("THRESHOLD_PRESETS", "Thresholds", "tier_of"),

@@ -461,7 +461,9 @@ def test_the_page_is_useful_before_its_models_load(browser, tmp_path):
         labels = set(page.eval_on_selector_all("#via-tokens .via-tok", "els => els.map(e => e.dataset.label)"))
         assert "accepted draft" in labels and len(labels) >= 3, labels  # coloured by who decided each token
         page.wait_for_selector("#device .via-load")  # Markdown drops data- attributes
-        assert "loading the models into memory" in page.locator("#device").inner_text()
+        # the page is served before the load begins ("starting"); the line names the step at its next poll (0.5 s)
+        page.wait_for_function("() => document.querySelector('#device').innerText.includes("
+                               "'loading the models into memory')")
         assert "/root" not in page.locator("#device").inner_text() and "/home" not in page.content()
         page.screenshot(path=str(SHOTS / "20-first-second-1280x800.png"))
         page.locator("#device").screenshot(path=str(SHOTS / "21-loading-line.png"))

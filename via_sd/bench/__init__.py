@@ -26,19 +26,33 @@ Python API (the app uses it for small sweeps):
     print(markdown(result)); print(markdown_sweep(sweep))
 """
 
-from .calls import MODELS, PHASES, call_lengths, forward_calls, trace_record
-from .hf import generate_hf
-from .inputs import DEFAULT_PROMPTS, as_prompts, load_prompts, parse_grid, parse_values
-from .metrics import FIDELITY_TARGET, analysis, metrics, paired_ratios, summarize_bench, targets
-from .project import project
-from .report import NAMES, markdown, markdown_sweep
-from .llama_peer import LLAMA_METHODS, NOT_INSTALLED
-from .run import BENCH_METHODS, OUR_METHODS, SCHEMA, machine_info, peak_memory, run_bench, run_once, score_runs
-from .sweep import pareto, run_sweep
+from importlib import import_module
 
-__all__ = ["BENCH_METHODS", "DEFAULT_PROMPTS", "FIDELITY_TARGET", "LLAMA_METHODS", "MODELS", "NAMES", "NOT_INSTALLED",
-           "OUR_METHODS", "PHASES", "SCHEMA", "analysis",
-           "as_prompts", "call_lengths", "forward_calls", "generate_hf", "load_prompts", "machine_info", "markdown",
-           "markdown_sweep", "metrics", "paired_ratios", "pareto", "parse_grid", "parse_values", "peak_memory",
-           "project", "run_bench", "run_once", "run_sweep", "score_runs", "summarize_bench",
-           "targets", "trace_record"]
+# The public names load on first use (as via_sd's own): `via_sd.bench.methods` and `via_sd.bench.inputs` import no
+# torch, so the app checks a /bench request's methods and prompts before the engine is imported.
+_PUBLIC = {
+    "calls": ("MODELS", "PHASES", "call_lengths", "forward_calls", "trace_record"),
+    "hf": ("generate_hf",),
+    "inputs": ("DEFAULT_PROMPTS", "as_prompts", "load_prompts", "parse_grid", "parse_values"),
+    "metrics": ("FIDELITY_TARGET", "analysis", "metrics", "paired_ratios", "summarize_bench", "targets"),
+    "project": ("project",),
+    "report": ("NAMES", "markdown", "markdown_sweep"),
+    "llama_peer": ("NOT_INSTALLED",),
+    "methods": ("BENCH_METHODS", "LLAMA_METHODS", "OUR_METHODS", "SCHEMA"),
+    "run": ("machine_info", "peak_memory", "run_bench", "run_once", "score_runs"),
+    "sweep": ("pareto", "run_sweep"),
+}
+_WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'via_sd.bench' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

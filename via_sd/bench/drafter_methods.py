@@ -16,10 +16,8 @@ from dataclasses import replace
 
 from ..core.decoding import Clock, DecodeConfig, generate
 from .calls import trace_record
-from .hf import HF_SELF, generate_hf_self
-
-KINDS = {"lookup": "lookup", "hybrid": "hybrid", "exit": "early-exit"}
-DRAFTER_METHODS = tuple(f"{m}-{k}" for m in ("sd", "via") for k in KINDS) + tuple(HF_SELF)
+from .hf import generate_hf_self
+from .methods import DRAFTER_METHODS, HF_SELF, KINDS  # noqa: F401 (re-exported)
 
 
 def run_drafter_method(pair, prompt: str, method: str, config: DecodeConfig) -> tuple[dict, object]:

@@ -42,7 +42,6 @@ def generate_hf(pair, prompt: str, config: DecodeConfig) -> tuple[list[int], dic
     return new, calls
 
 
-HF_SELF = {"hf-lookup": "prompt_lookup_num_tokens", "hf-exit": "assistant_early_exit"}
 HF_LOOKUP_TOKENS = 5  # transformers' prompt lookup at its best fixed length on the copy prompts (BENCHMARKS.md)
 
 

@@ -30,8 +30,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .methods import LLAMA_METHODS  # noqa: F401 (re-exported)
+
 NOT_INSTALLED = "llama.cpp peer not installed: pip install -r requirements-peers.txt"
-LLAMA_METHODS = ("llama-ar", "llama-sd", "llama-lookup")
 DRAFTS = 3  # drafts per round for llama-sd and llama-lookup
 REBUILD = ('CMAKE_ARGS="-DGGML_NATIVE=ON -DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8" pip install '
            '--no-cache-dir --force-reinstall --no-deps -r requirements-peers.txt')

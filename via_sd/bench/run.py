@@ -16,13 +16,9 @@ from .drafter_methods import DRAFTER_METHODS, run_drafter_method
 from .hf import generate_hf
 from .inputs import as_prompts
 from .llama_peer import LLAMA_METHODS, peer_missing, run_llama
+from .methods import BENCH_METHODS, OUR_METHODS, SCHEMA  # noqa: F401 (re-exported)
 from .metrics import run_key, summarize_bench
 
-SCHEMA = "via-sd-bench/1"
-BENCH_METHODS = ("ar", "sd", "via", "hf")
-BENCH_METHODS += DRAFTER_METHODS  # sd-lookup, via-exit, hf-lookup ...: per drafter (drafter_methods.py)
-OUR_METHODS = BENCH_METHODS  # the default: every method of ours
-BENCH_METHODS += LLAMA_METHODS  # llama-ar, ...: the optional llama.cpp peer (llama_peer.py), never by default
 
 
 def cpu_model() -> str:

