@@ -25,6 +25,8 @@ def fp16_grid(v: torch.Tensor, low: int, high: int, what: str):
     top = v.abs().amax(-1)
     d, c, left = torch.zeros_like(top), torch.zeros(v.shape), (top > 0).nonzero().flatten()
     for k in range(max(-low, high), 0, -1):
+        if not len(left):  # a GGUF's blocks mostly fit at the largest |c|: the other 62-127 tries are not needed
+            break
         for sign in (1, -1) if low < 0 else (1,):  # only the blocks still without a pair, from the largest |c|
             cand = sign * top[left] / k
             q = (v[left] / cand[:, None]).round_().clamp_(low, high)
