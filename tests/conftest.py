@@ -37,6 +37,11 @@ def _session_cache() -> Path:
 
 
 os.environ["VIA_SD_CACHE"] = str(_session_cache())
+# The suite runs two workers on two cores, and a test on the real pair keeps both threads: OpenMP's threads spin while
+# they wait for work, so two such processes at once spun against each other (`python -m via_sd setup`, 10 s alone,
+# took 98 s beside another worker's 300-token runs). Waiting threads sleep instead (read when torch loads OpenMP: set
+# here, before it; child processes inherit it). Bits do not depend on threads, and no test times a run.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
