@@ -10,8 +10,7 @@ modules (`via_sd.core.plan`: the tier rule and the round plan; `via_sd.cost.mode
 Importing it pins torch's CPU code path (via_sd/weights/numerics.py), so every entry point computes the same bits.
 """
 
-from importlib import import_module
-
+from .core.lazy import lazy_names
 from .weights.numerics import pin
 
 pin()  # before anything of ours loads torch: one ATen code path on every x86 machine (weights/numerics.py)
@@ -26,17 +25,4 @@ _PUBLIC = {
     "core.plan": ("THRESHOLD_PRESETS", "Thresholds", "tier_of"),
     "core.trace": ("Trace",),
 }
-_WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'via_sd' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_names(__name__, globals(), _PUBLIC)

@@ -26,7 +26,7 @@ Python API (the app uses it for small sweeps):
     print(markdown(result)); print(markdown_sweep(sweep))
 """
 
-from importlib import import_module
+from ..core.lazy import lazy_names
 
 # The public names load on first use (as via_sd's own): `via_sd.bench.methods` and `via_sd.bench.inputs` import no
 # torch, so the app checks a /bench request's methods and prompts before the engine is imported.
@@ -42,17 +42,4 @@ _PUBLIC = {
     "run": ("machine_info", "peak_memory", "run_bench", "run_once", "score_runs"),
     "sweep": ("pareto", "run_sweep"),
 }
-_WHERE = {name: module for module, names in _PUBLIC.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name: str):
-    if name in _WHERE:
-        value = getattr(import_module(f".{_WHERE[name]}", __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'via_sd.bench' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__all__, __getattr__, __dir__ = lazy_names(__name__, globals(), _PUBLIC)
