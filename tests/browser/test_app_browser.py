@@ -332,7 +332,8 @@ def test_drafts_show_pending_then_their_tier_color(browser, app_url):
     set_number(page, "pace", 250)  # slow motion: the random pair decides a round in milliseconds
     page.evaluate(RECORD_JS)
     page.locator("#run").click()
-    page.wait_for_selector('#via-tokens .via-live[data-state="pending"]')
+    # a pending chip lasts one paced update (250 ms): on a starved browser polling can miss it, the record cannot
+    page.wait_for_function("window.__chips.some(c => c[0] === 'via-tokens' && c[3] === 'pending')", timeout=120_000)
     page.locator("#via-tokens").screenshot(path=str(SHOTS / "12-pending-drafts.png"))
     # a decided live chip lasts one update on a fast pair: read it from the record, not by polling the page
     page.wait_for_function("window.__chips.some(c => c[0] === 'via-tokens' && c[3] === 'decided')", timeout=120_000)
