@@ -20,7 +20,6 @@ def lazy(module: str, name: str) -> Callable:
     return call
 
 
-
 # studio.models: the pair's load, its routes, its warm-up
 generate, load_pair = lazy("via_sd.core.decoding", "generate"), lazy("via_sd.core.pair", "load_pair")
 pick_route, default_device = lazy("via_sd.route_search", "pick_route"), lazy("via_sd.core.pair", "default_device")
