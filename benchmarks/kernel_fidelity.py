@@ -57,13 +57,13 @@ def quantized_input(x: torch.Tensor, group: int) -> torch.Tensor:
 
 def variant_weight(entries, name: str, spec: dict, exact: torch.Tensor) -> torch.Tensor:
     """The weight `name` in the variant: `exact` (the GGUF's values) unless the variant changes its type."""
-    info = entries.meta[name] if entries.is_codes(name) else {}
-    if info.get("type") == "Q4_K" and spec.get("q4k_bf16"):
-        from via_sd.weights.gguf_codes import dequantize_codes
-
-        codes, scale, offset, info = entries.codes(name)
-        return dequantize_codes(codes, scale.bfloat16().float(), offset.bfloat16().float(), info)
-    if info.get("type") == "Q6_K" and spec.get("q6k_int8") and "lm_head" not in name:
+    kind = entries.type(name) if entries.is_codes(name) else None
+    if kind == "Q4_K" and spec.get("q4k_bf16"):
+        c = entries.codes(name)
+        n, k = c.codes.shape
+        scale, offset = (torch.from_numpy(v).bfloat16().float()[..., None] for v in (c.scale, c.offset))
+        return (torch.from_numpy(c.codes).float().view(n, -1, c.group) * scale + offset).view(n, k)
+    if kind == "Q6_K" and spec.get("q6k_int8") and "lm_head" not in name:
         s = exact.abs().amax(1).clamp(min=1e-12) / 127
         return (exact / s[:, None]).round().clamp_(-127, 127) * s[:, None]
     return exact
@@ -135,8 +135,9 @@ def main(argv=None) -> int:
     from via_sd.weights.gguf_pack import Entries
     from via_sd.weights.paths import cache_root
 
-    folder = cache_root() / "embedded" / "qwen2.5-coder-1.5b-instruct"  # the embedded verifier's GGUF codes
-    config, entries = AutoConfig.from_pretrained(folder), Entries.from_cache(folder)
+    folder = cache_root() / "embedded" / "qwen2.5-coder-1.5b-instruct"  # the embedded verifier's GGUF
+    config = AutoConfig.from_pretrained(folder)
+    entries = Entries.from_folder(folder, config)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts = [p["prompt"] for p in load(args)]
     model = build_model(config, entries, "fp32")

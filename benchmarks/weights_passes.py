@@ -158,7 +158,10 @@ def drafter_levers(args) -> int:
     from via_sd.weights.gguf_pack import Entries, build_model
 
     drafter_dir, verifier_dir = embedded_model_dirs()
-    build = lambda folder, **kw: build_model(AutoConfig.from_pretrained(folder), Entries.from_cache(folder), "int4", **kw)
+    def build(folder, **kw):
+        config = AutoConfig.from_pretrained(folder)
+        return build_model(config, Entries.from_folder(folder, config), "int4", **kw)
+
     models = {"verifier": build(verifier_dir, fuse=False), "verifier fused": build(verifier_dir, fuse=True),
               "drafter as was": build(drafter_dir, exact_top1=False, fuse=False, frequent=None),
               "fused": build(drafter_dir, exact_top1=False, fuse=True, frequent=None)}

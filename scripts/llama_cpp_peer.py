@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
-from via_sd.bench.gguf_files import embedded_gguf_paths  # noqa: E402
+from via_sd.weights.embedded import embedded_gguf_paths  # noqa: E402
 from via_sd.bench.inputs import load_prompts  # noqa: E402
 
 

@@ -23,15 +23,17 @@ class Step:
     when: str = ""  # why it may be quick or skipped: "first start only"
 
 
-# shares after one first start of the embedded pair on 2 busy cores (unpacking minutes, loading ~70 s, warm-up ~13 s)
-UNPACK = Step("unpacking the models", 0.4, "first start only")
+# shares after first starts of the embedded pair on 2 busy cores (joining and checking ~15 s, the kernel ~10 s, building
+# the int4 models from the GGUF blocks ~40 s, warm-up ~10 s)
+UNPACK = Step("unpacking the models", 0.25, "first start only")
 KERNEL = Step("building the kernel", 0.1, "first start only")
-LOAD = Step("loading the models into memory", 0.3)
+LOAD = Step("loading the models into memory", 0.55)
 MEASURE = Step("measuring this machine", 0.15, "first start only")
 WARM = Step("warming up", 0.05)
 
 # words of the engine's messages -> the step they belong to (the first match wins)
-_STEP_OF = ((UNPACK, ("joining part", "sha256", "unpacking the gguf", "checking the saved folder", "cached at",
+_STEP_OF = ((UNPACK, ("joining part", "sha256", "unpacking the gguf", "its config and tokenizer",
+                      "checking the saved folder", "cached at",
                       "ready at", "preparing it")),
             (LOAD, ("loading drafter", "loading verifier", "route", "provisional")),
             (MEASURE, ("measuring the cost profile",)),

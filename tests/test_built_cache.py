@@ -11,20 +11,14 @@ from via_sd.weights.built import built_model, built_path
 
 
 def codes_folder(tmp_path, sha="ab" * 32):
-    """A codes folder as the embedded set-up leaves one: config.json, weights.safetensors, READY.json."""
-    from accelerate import init_empty_weights
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    """A cache folder as the embedded set-up leaves one: model.gguf (random F32 tensors), config.json, READY.json."""
+    from test_weights import model_gguf, qwen2_config
 
-    config = LlamaConfig(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False)
-    with init_empty_weights():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    g = torch.Generator().manual_seed(0)
-    tensors = {name: torch.randn(p.shape, generator=g) * 0.05 for name, p in skeleton.named_parameters()}
+    config = qwen2_config(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                          num_key_value_heads=2)
     folder = tmp_path / "tiny-model"
     folder.mkdir()
-    save_file(tensors, str(folder / "weights.safetensors"), metadata={"via_sd": "{}"})
+    model_gguf(folder / "model.gguf", config, {})
     config.save_pretrained(str(folder))
     (folder / "READY.json").write_text(json.dumps({"sha256": sha}))
     return folder
@@ -40,8 +34,8 @@ def builder(folder, calls):
 
     def build():
         calls.append(1)
-        model = build_model(AutoConfig.from_pretrained(str(folder)), Entries.from_cache(folder), "int4",
-                            exact_top1=False)
+        config = AutoConfig.from_pretrained(str(folder))
+        model = build_model(config, Entries.from_folder(folder, config), "int4", exact_top1=False)
         head = FrequentHead(model.get_output_embeddings(), torch.arange(0, 128, 2))
         model.set_output_embeddings(head)
         head.watch(model)
@@ -81,6 +75,21 @@ def test_another_kernel_source_or_gguf_is_another_key_and_the_oldest_file_goes(t
     assert len(calls) == 3, "another GGUF reused the old build"
     files = list(old.parent.glob("*.pt"))
     assert len(files) == 2 and old not in files  # the oldest went
+
+
+def test_a_model_kept_later_is_written_whole_while_the_caller_goes_on(tmp_path, monkeypatch):
+    """keep_later: the file is written by a thread (a first start builds the drafter meanwhile); once wait_kept()
+    returns it opens as the model built."""
+    monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")
+    folder, calls = codes_folder(tmp_path), []
+    first = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls), keep_later=True)
+    built.wait_kept()
+    assert not built._KEEPING and len(calls) == 1
+    second = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
+    assert len(calls) == 1, "the model kept later was not there for the next start"
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        assert torch.equal(first(ids).logits, second(ids).logits)
 
 
 def test_a_damaged_file_is_built_again_and_fp32_is_never_kept(tmp_path, monkeypatch, caplog):

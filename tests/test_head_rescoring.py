@@ -34,21 +34,23 @@ def test_best_k_picks_the_set_topk_picks(kind, vocab):
 
 def test_the_rescored_head_gives_what_it_gave_with_topk():
     """RescoredHead with best_k, against the same re-scoring written with topk."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+    from test_weights import k_quant_blocks
+
     torch.manual_seed(0)
-    w = torch.randn(4096, 64) * 0.3
-    codes = torch.randint(0, 64, (4096, 64), dtype=torch.uint8)
-    scale = torch.rand(4096, 4) * 0.01
-    info = {"zero": 32, "group": 16, "packed": False}
-    head = RescoredHead(Int4Linear.from_float(w), ExactRows(codes, scale, None, info))
-    h = torch.randn(1, 5, 64)
+    w = torch.randn(4096, 256) * 0.3
+    raw = k_quant_blocks("Q6_K", rows=4096, cols=256)  # the exact rows: a GGUF tensor's Q6_K blocks
+    head = RescoredHead(Int4Linear.from_float(w), ExactRows(torch.from_numpy(raw), "Q6_K", 256))
+    h = torch.randn(1, 5, 256)
     out = head(h)
     low = head.head(h)
     top = low.topk(16, dim=-1).indices
     exact = (head.exact_rows(top) * h.float().unsqueeze(-2)).sum(-1)
     floor = torch.nextafter(exact.amin(-1, keepdim=True), torch.tensor(float("-inf")))
     assert torch.equal(out, torch.minimum(low, floor).scatter_(-1, top, exact))
-    rows = (codes[top[0, 0]].float() - 32).view(16, 4, 16) * scale[top[0, 0]][..., None]
-    assert torch.equal(head.exact_rows(top)[0, 0], rows.view(16, 64))
+    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q6_K).reshape(4096, 256))
+    assert torch.equal(head.exact_rows(top)[0, 0], reference[top[0, 0]])
 
 
 def test_the_embedding_gathers_the_rows_indexing_gathered():

@@ -2,19 +2,19 @@
 
 GGUF data is real: blocks made by the `gguf` package's own quantizers (Q4_0 ... Q8_0), or valid
 random blocks for the K-quants it cannot make (every byte pattern of the codes is legal), checked
-against the package's reference de-quantizer; tensors are written to a GGUF file with GGUFWriter.
+against the package's reference de-quantizer; models are written to GGUF files with GGUFWriter under the tensor
+names transformers maps (`model_gguf`) and read back through gguf_pack.Entries.
 """
 
 import numpy as np
 import pytest
 import torch
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize, quantize
 
 from via_sd import DecodeConfig, Trace, generate, load_pair
-from via_sd.weights.gguf_pack import Entries, UnsupportedTensorType, decompose, gguf_tensors
+from via_sd.weights.gguf_pack import Entries, UnsupportedTensorType, decompose
 from via_sd.weights import lowbit_kernel
-from via_sd.weights.gguf_file import GgufFile
 from via_sd.weights.settings import Int4Linear, Int6Linear, Int8Linear, LowbitEmbedding, RescoredHead, quantize_int4, resolve_weights
 
 ROWS, COLS = 64, 512
@@ -60,29 +60,75 @@ def write_gguf(path, tensors: dict):
     writer.close()
 
 
-def test_a_gguf_file_reads_back_tensor_by_tensor(tmp_path):
-    path = tmp_path / "tiny.gguf"
-    f16 = np.random.default_rng(2).standard_normal((8, 32)).astype(np.float16)
-    write_gguf(path, {"a.weight": (blocks_of("Q4_K"), "Q4_K"), "b.weight": (blocks_of("Q6_K"), "Q6_K"),
-                      "c.weight": (blocks_of("Q8_0"), "Q8_0"), "norm.weight": (np.ones(32, np.float32), None),
-                      "h.weight": (f16, None)})
-    reader = GGUFReader(str(path))
-    got = dict(gguf_tensors(GgufFile(path), path))
-    by_name = {t.name: t for t in reader.tensors}
-    for name in ("a.weight", "b.weight", "c.weight"):
-        t = by_name[name]
-        assert got[name].shape == (ROWS, COLS)
-        assert np.array_equal(got[name].dequantize(), dequantize(t.data, t.tensor_type).reshape(ROWS, COLS))
-    assert np.array_equal(got["norm.weight"], np.ones(32, np.float32))
-    assert np.array_equal(got["h.weight"], f16)
+def qwen2_config(**kw):
+    from transformers import Qwen2Config
+
+    args = dict(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
+                num_key_value_heads=4, tie_word_embeddings=False)
+    return Qwen2Config(**{**args, **kw})
 
 
-def test_an_unsupported_gguf_tensor_type_is_an_error_naming_type_and_file(tmp_path):
+def model_gguf(path, config, kinds: dict[str, str], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Writes a random `config` (qwen2) model to the GGUF `path` under the tensor names transformers maps to it: the
+    tensors named in `kinds` (transformers' names) as valid random blocks of that type, the rest F32. Returns
+    {name: the gguf package's de-quantized values} of the quantized ones."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TensorProcessor, get_gguf_hf_weights_map
+
+    with init_empty_weights():
+        skeleton = AutoModelForCausalLM.from_config(config)
+    gguf_name = {hf: name for name, hf in get_gguf_hf_weights_map(skeleton, TensorProcessor(config=config.to_dict())).items()}
+    writer, reference, g = GGUFWriter(str(path), "qwen2"), {}, torch.Generator().manual_seed(seed)
+    for i, (name, param) in enumerate(skeleton.named_parameters()):
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name in kinds:
+            raw = k_quant_blocks(kinds[name], rows=param.shape[0], cols=param.shape[1], seed=seed + i)
+            writer.add_tensor(gguf_name[name], raw, raw_dtype=GGMLQuantizationType[kinds[name]])
+            reference[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kinds[name]]).reshape(param.shape))
+        else:
+            writer.add_tensor(gguf_name[name], (torch.randn(param.shape, generator=g) * 0.02).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return reference
+
+
+def test_a_gguf_model_reads_back_by_transformers_names_whole_in_chunks_and_row_by_row(tmp_path):
+    config = qwen2_config(vocab_size=96)
+    kinds = {"model.layers.0.mlp.up_proj.weight": "Q4_K", "model.layers.0.mlp.down_proj.weight": "Q6_K",
+             "lm_head.weight": "Q6_K", "model.embed_tokens.weight": "Q5_K"}
+    reference = model_gguf(tmp_path / "m.gguf", config, kinds)
+    entries = Entries.from_gguf(tmp_path / "m.gguf", config)
+    assert "lm_head.weight" in entries.keys() and "model.layers.0.self_attn.q_proj.bias" in entries.keys()
+    assert len(entries.keys()) == 15  # every parameter of the one-layer qwen2, its q / k / v biases too
+    for name, kind in kinds.items():
+        assert entries.is_codes(name) and entries.type(name) == kind
+        assert torch.equal(entries.dequantize(name), reference[name])
+        chunks = entries.chunks(name, 32)
+        assert len(chunks) == -(-entries.shape(name)[0] // 32)
+        assert torch.equal(torch.cat([entries.float(name, rows) for rows in chunks]), reference[name])
+    norm = entries.float("model.norm.weight")
+    assert norm.shape == (256,) and not entries.is_codes("model.norm.weight")
+    ids = torch.tensor([[3, 60], [0, 95]])  # the head's rows, de-quantized on demand from the mapped blocks
+    assert torch.equal(entries.exact_rows("lm_head.weight")(ids), reference["lm_head.weight"][ids])
+
+
+def test_an_unsupported_gguf_tensor_type_is_an_error_naming_type_tensor_and_file(tmp_path):
     path = tmp_path / "odd.gguf"
+    config = qwen2_config()
+    writer = GGUFWriter(str(path), "qwen2")
     block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType.Q2_K]
-    write_gguf(path, {"blk.0.ffn_up.weight": (np.zeros((4, 2 * nbytes), np.uint8), "Q2_K")})
+    writer.add_tensor("blk.0.ffn_up.weight", np.zeros((256, 256 // block * nbytes), np.uint8),
+                      raw_dtype=GGMLQuantizationType.Q2_K)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     with pytest.raises(UnsupportedTensorType) as err:
-        list(gguf_tensors(GgufFile(path), path))
+        Entries.from_gguf(path, config)
     assert "Q2_K" in str(err.value) and str(path) in str(err.value) and "blk.0.ffn_up.weight" in str(err.value)
 
 
@@ -117,41 +163,49 @@ def test_int4_linear_equals_the_dequantized_fp32_linear(tiles):
         assert (y - reference).abs().max() <= 1e-2 * reference.abs().max()
 
 
-def test_q4_k_weights_become_int4_exactly():
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
+def test_q4_k_weights_become_int4_exactly(tmp_path):
     from via_sd.weights.gguf_pack import build_model
 
-    raw = k_quant_blocks("Q4_K", rows=64, cols=256)
-    codes = decompose(raw, "Q4_K", (64, 256))
-    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
-    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
-    tensors = {"model.embed_tokens.weight.codes": torch.from_numpy(codes.codes),
-               "model.embed_tokens.weight.scale": torch.from_numpy(codes.scale),
-               "model.embed_tokens.weight.offset": torch.from_numpy(codes.offset)}
-    meta = {"model.embed_tokens.weight": {"type": "Q4_K", "bits": 4, "group": 32, "zero": 0, "shape": [64, 256],
-                                          "unpacked": True}}
-    g = torch.Generator().manual_seed(0)
-    with init_empty_weights():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    for name, param in skeleton.named_parameters():  # every other tensor: random floats
-        if name not in ("model.embed_tokens.weight", "lm_head.weight"):  # the head is tied to the embedding
-            tensors[name] = torch.randn(param.shape, generator=g) * 0.02
-    model = build_model(config, Entries(tensors, meta), "int4")
+    config = qwen2_config(tie_word_embeddings=True)
+    name = "model.embed_tokens.weight"
+    reference = model_gguf(tmp_path / "m.gguf", config, {name: "Q4_K"})[name]
+    entries = Entries.from_gguf(tmp_path / "m.gguf", config)
+    model = build_model(config, entries, "int4")
     head, embed = model.lm_head.head, model.model.embed_tokens
-    assert isinstance(model.lm_head, RescoredHead) and isinstance(head, Int4Linear)
+    assert isinstance(model.lm_head, RescoredHead) and isinstance(head, Int4Linear)  # the head tied to the embedding
     assert isinstance(embed, LowbitEmbedding)
     assert torch.equal(embed(torch.arange(64)), reference)  # the embedding keeps the GGUF codes as they are
     if head.layout == "tiles":  # the project's layout holds Q4_K exactly: the gguf package's own de-quantized values
         assert torch.equal(head.dequantize(), reference)
         return
+    codes = entries.codes(name)
     scale = torch.from_numpy(codes.scale).repeat_interleave(32, 1)
     offset = torch.from_numpy(codes.offset).repeat_interleave(32, 1)
     bound = 2 ** -8 * (8 * scale + torch.maximum((offset + 8 * scale).abs(), offset.abs()))
     # torch's layout: same codes; scale and zero rounded to bf16
     assert ((head.dequantize() - reference).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
+def test_k_quant_blocks_rearranged_into_tiles_hold_the_values_the_search_finds(kind):
+    """tiles.q4k_tiles / q6k_tiles move a GGUF's bytes into the kernel's layout: the same codes and the same
+    scale and offset values as pack_int4 / pack_int6 give from the decomposed codes (which search d and c again)."""
+    from via_sd.weights.tiles import pack_int4, pack_int6, q4k_tiles, q6k_tiles, unpack_int4, unpack_int6
+
+    raw = k_quant_blocks(kind, rows=64, cols=1024, seed=3)
+    c = decompose(raw, kind, (64, 1024))
+    if kind == "Q4_K":
+        got = q4k_tiles(torch.from_numpy(raw))
+        searched = pack_int4(torch.from_numpy(c.codes), torch.from_numpy(c.scale), torch.from_numpy(c.offset))
+        unpack = unpack_int4
+    else:
+        got = q6k_tiles(torch.from_numpy(raw), torch.from_numpy(c.codes))
+        searched = pack_int6(torch.from_numpy(c.codes), torch.from_numpy(c.scale))
+        unpack = unpack_int6
+    assert torch.equal(got[0], searched[0])
+    for a, b in zip(unpack(*got), unpack(*searched)):
+        assert torch.equal(a, b)
+    assert torch.equal(unpack(*got)[0], torch.from_numpy(c.codes))
 
 
 def test_tiny_model_in_int4_keeps_greedy_sd_equal_to_greedy_ar():
@@ -195,47 +249,30 @@ def test_asking_for_cuda_without_one_is_a_clear_error_not_a_cpu_pair():
             load_pair(preset, device="cuda")
 
 
-def codes_model(kinds: dict[str, str], exact_top1: bool = True):
-    """A one-layer Llama whose tensors named in `kinds` are GGUF codes of that type (random valid
-    blocks), the rest random floats; returns (the int4 model, {name: reference fp32 weight})."""
+def codes_model(folder, kinds: dict[str, str], exact_top1: bool = True):
+    """A one-layer qwen2 whose tensors named in `kinds` are GGUF blocks of that type (random valid ones), the rest
+    random floats; returns (the int4 model, {name: reference fp32 weight})."""
     from via_sd.weights.gguf_pack import build_model
 
-    config, entries, reference = codes_entries(kinds)
+    config, entries, reference = codes_entries(folder, kinds)
     return build_model(config, entries, "int4", exact_top1=exact_top1), reference
 
 
-def codes_entries(kinds: dict[str, str]):
-    """(config, Entries, {name: reference fp32 weight}) of codes_model's one-layer Llama."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(vocab_size=64, hidden_size=256, intermediate_size=256, num_hidden_layers=1,
-                         num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=False)
-    with init_empty_weights():
-        skeleton = AutoModelForCausalLM.from_config(config)
-    tensors, meta, reference, g = {}, {}, {}, torch.Generator().manual_seed(0)
-    for i, (name, param) in enumerate(skeleton.named_parameters()):
-        if name in kinds:
-            raw = k_quant_blocks(kinds[name], rows=param.shape[0], cols=param.shape[1], seed=i)
-            codes = decompose(raw, kinds[name], tuple(param.shape))
-            tensors.update({f"{name}.codes": torch.from_numpy(codes.codes), f"{name}.scale": torch.from_numpy(codes.scale)})
-            if codes.offset is not None:
-                tensors[f"{name}.offset"] = torch.from_numpy(codes.offset)
-            meta[name] = {"type": kinds[name], "bits": codes.bits, "group": codes.group, "zero": codes.zero,
-                          "shape": list(param.shape), "unpacked": True}
-            reference[name] = torch.from_numpy(dequantize(raw, GGMLQuantizationType[kinds[name]]).reshape(param.shape))
-        else:
-            tensors[name] = torch.randn(param.shape, generator=g) * 0.02
-    return config, Entries(tensors, meta), reference
+def codes_entries(folder, kinds: dict[str, str]):
+    """(config, Entries, {name: reference fp32 weight}) of codes_model's one-layer qwen2, its GGUF in `folder`."""
+    config = qwen2_config()
+    path = folder / f"codes-{len(list(folder.glob('*.gguf')))}.gguf"
+    reference = model_gguf(path, config, kinds)
+    return config, Entries.from_gguf(path, config), reference
 
 
-def test_kernel_fidelity_counts_the_top1_each_departure_from_the_gguf_values_moves(capsys):
+def test_kernel_fidelity_counts_the_top1_each_departure_from_the_gguf_values_moves(capsys, tmp_path):
     """benchmarks/kernel_fidelity.py on a one-layer model of Q4_K and Q6_K tensors: the exact variant agrees
     everywhere, and each emulated departure (and the kernel's model) is counted over every position."""
     from benchmarks import kernel_fidelity
     from via_sd.weights.gguf_pack import build_model
 
-    config, entries, _ = codes_entries({"model.layers.0.mlp.gate_proj.weight": "Q4_K",
+    config, entries, _ = codes_entries(tmp_path, {"model.layers.0.mlp.gate_proj.weight": "Q4_K",
                                         "model.layers.0.mlp.down_proj.weight": "Q6_K"})
     model = build_model(config, entries, "fp32")
     g = torch.Generator().manual_seed(5)
@@ -251,9 +288,9 @@ def test_kernel_fidelity_counts_the_top1_each_departure_from_the_gguf_values_mov
     assert '"variant": "kernel"' in capsys.readouterr().out
 
 
-def test_q6_k_tensors_stay_exact_other_wide_ones_become_int8_and_the_head_is_rescored_exactly():
+def test_q6_k_tensors_stay_exact_other_wide_ones_become_int8_and_the_head_is_rescored_exactly(tmp_path):
     down, up, head = "model.layers.0.mlp.down_proj.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"
-    model, reference = codes_model({down: "Q6_K", head: "Q6_K", up: "Q5_K"})
+    model, reference = codes_model(tmp_path, {down: "Q6_K", head: "Q6_K", up: "Q5_K"})
     layer, x = model.model.layers[0].mlp.down_proj, torch.randn(5, 256)
     if lowbit_kernel.available():  # the project's kernel holds Q6_K as the file does: the gguf package's values
         assert isinstance(layer, Int6Linear) and torch.equal(layer.dequantize(), reference[down])
@@ -277,7 +314,7 @@ def test_q6_k_tensors_stay_exact_other_wide_ones_become_int8_and_the_head_is_res
     assert not torch.allclose(model.lm_head.head(h), exact, atol=1e-3)  # which int4 alone would not be
     one_by_one = torch.cat([model.lm_head(h[i:i + 1]) for i in range(len(h))])
     assert torch.equal(one_by_one, logits)  # each row on its own, whatever the batch
-    drafter, _ = codes_model({down: "Q6_K", head: "Q6_K"}, exact_top1=False)  # a drafter: all int4, fastest
+    drafter, _ = codes_model(tmp_path, {down: "Q6_K", head: "Q6_K"}, exact_top1=False)  # a drafter: all int4, fastest
     assert isinstance(drafter.lm_head, Int4Linear) and isinstance(drafter.model.layers[0].mlp.down_proj, Int4Linear)
 
 
@@ -317,33 +354,6 @@ def test_an_int4_verification_pass_computes_what_one_token_steps_compute_bit_for
         with extending():
             batch = base(new, past_key_values=cache, use_cache=True).last_hidden_state[0]
     assert new.shape[1] >= 6 and torch.equal(batch, steps)
-
-
-def test_a_codes_cache_file_reads_back_whole_and_through_its_memory_map(tmp_path):
-    """4-bit codes stored two a byte come back as the same codes, read whole or as a memory-mapped
-    view; exact rows of a mapped tensor equal the reference de-quantizer's rows."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from via_sd.weights.gguf_pack import WEIGHTS_FILE
-    from via_sd.weights.settings import pack_nibbles
-
-    raw = k_quant_blocks("Q4_K", rows=64, cols=256)
-    codes = decompose(raw, "Q4_K", (64, 256))
-    name = "lm_head.weight"
-    save_file({f"{name}.codes": torch.from_numpy(pack_nibbles(codes.codes)).contiguous(),
-               f"{name}.scale": torch.from_numpy(codes.scale), f"{name}.offset": torch.from_numpy(codes.offset)},
-              str(tmp_path / WEIGHTS_FILE), metadata={"via_sd": json.dumps(
-                  {name: {"type": "Q4_K", "bits": 4, "group": 32, "zero": 0, "shape": [64, 256]}})})
-    entries = Entries.from_cache(tmp_path)
-    whole, mapped = entries.codes(name), entries.codes(name, mapped=True)
-    for a, b in zip(whole[:3], mapped[:3]):
-        assert torch.equal(a, b)
-    assert torch.equal(whole[0], torch.from_numpy(codes.codes))
-    reference = torch.from_numpy(dequantize(raw, GGMLQuantizationType.Q4_K).reshape(64, 256))
-    ids = torch.tensor([[3, 60], [0, 17]])
-    assert torch.equal(entries.exact_rows(name)(ids), reference[ids])
 
 
 def tiny_int4_llama(seed: int = 0):

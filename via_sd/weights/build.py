@@ -1,7 +1,7 @@
-"""A transformers model built from GGUF codes in a `weights=` setting, one tensor at a time.
+"""A transformers model built from a GGUF's tensors (gguf_pack.Entries) in a `weights=` setting, one tensor at a time.
 
-For int4: Q4_K tensors keep their codes, scales and offsets exactly in the kernel's layout, others become int8 or
-re-quantized int4, the verifier's head re-scores its best logits (heads.RescoredHead), the drafter's
+For int4: Q4_K tensors keep their codes, scales and offsets exactly in the kernel's layout (their blocks' bytes
+rearranged: tiles.q4k_tiles), Q6_K ones too in a verifier (tiles.q6k_tiles), others become int8 or re-quantized int4, the verifier's head re-scores its best logits (heads.RescoredHead), the drafter's
 head scores only the most frequent tokens (heads.FrequentHead, from the shipped list in
 assets/token_freq/), and q/k/v and gate/up run as one matmul each (fused.py).
 """
@@ -15,10 +15,14 @@ from pathlib import Path
 
 import torch
 
+import numpy as np
+
 from .fused import fuse_linears
-from .gguf_codes import dequantize_codes
+from .gguf_codes import decompose
 from .heads import FrequentHead, LowbitEmbedding, RescoredHead
-from .linears import Int4Linear, Int6Linear, Int8Linear, int4_shape_ok, int8_shape_ok, quantize_int4, use_tiles
+from .linears import (Int4Linear, Int6Linear, Int8Linear, int4_shape_ok, int8_shape_ok, pack_nibbles, quantize_int4,
+                      use_tiles)
+from .tiles import q4k_tiles, q6k_tiles
 
 # the drafter head's tokens: c 0.373 (N 32768: 0.367, 65536: 0.41; whole head 0.439), 0.951 of the
 # verifier's greedy tokens in it (32768: 0.909); benchmarks/weights_passes.py --drafter,
@@ -72,10 +76,16 @@ def _malloc_trim():
         return None
 
 
-def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: bool = True, fuse: bool | None = None,
+# Threads of a build. Its steps are short torch copies and numpy work (one thread whatever torch's count): on a quiet
+# machine two threads built the embedded verifier in 9.6 s against 12.4 s on one; beside a busy second core (a
+# first start's browser and server) 22-38 s against 13-15 s.
+BUILD_THREADS = 1
+
+
+def build_model(config, entries, weights: str, rows: int = 2048, exact_top1: bool = True, fuse: bool | None = None,
                 frequent: int | None = FREQUENT):
-    """A transformers causal LM from codes / float tensors, in the requested weights setting,
-    one tensor at a time (the whole float model exists only for fp32 / bf16).
+    """A transformers causal LM from a GGUF's tensors (gguf_pack.Entries), in the requested weights setting, one
+    tensor (and `rows` rows of it) at a time (the whole float model exists only for fp32 / bf16).
 
     int4: Q4_K tensors keep their codes, scales and offsets in the int4 kernel's layout (exactly); float tensors
     are quantized to int4. With `exact_top1` (a verifier: its top-1 is the output) Q6_K tensors keep theirs too
@@ -88,6 +98,15 @@ def build_model(config, entries, weights: str, rows: int = 8192, exact_top1: boo
     `frequent` (int4, a drafter only, i.e. without `exact_top1`): its head scores only the `frequent`
     most frequent tokens of the shipped list (heads.FrequentHead), when the list fits the model's
     vocabulary; None keeps the whole head. What the model got is in `model.via_sd_weights`."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(BUILD_THREADS)
+    try:
+        return _build(config, entries, weights, rows, exact_top1, fuse, frequent)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _build(config, entries, weights: str, rows: int, exact_top1: bool, fuse: bool | None, frequent: int | None):
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
@@ -136,9 +155,7 @@ class _Builder:
         raise KeyError(f"the weights have no {name}")
 
     def dense(self, name: str) -> torch.nn.Parameter:
-        name, entries = self.source(name), self.entries
-        w = entries.dequantize(name) if entries.is_codes(name) else entries.float(name)
-        return torch.nn.Parameter(w.to(self.dtype), requires_grad=False)
+        return torch.nn.Parameter(self.entries.float(self.source(name)).to(self.dtype), requires_grad=False)
 
     def linear(self, holder, child: str, name: str, module) -> None:
         """The linear `name` in this setting: a low-bit module, or its float weight (and bias) filled in."""
@@ -153,45 +170,55 @@ class _Builder:
             module.bias = torch.nn.Parameter(bias.to(self.dtype), requires_grad=False)
 
     def embedding(self, holder, child: str, name: str, module) -> None:
-        w = self.source(f"{name}.weight")
-        if self.weights == "int4" and self.entries.is_codes(w):
-            codes, scale, offset, info = self.entries.codes(w, unpack=False)
-            setattr(holder, child, LowbitEmbedding(codes, scale, offset, info["zero"], info["group"],
-                                                   module.padding_idx, packed=info["packed"]))
-        else:
+        """int4: the stored codes as they are (4-bit ones two to a byte), chunk by chunk; else the float weight."""
+        w, entries = self.source(f"{name}.weight"), self.entries
+        if self.weights != "int4" or not entries.is_codes(w):
             module.weight = self.dense(w)
+            return
+        parts = [entries.codes(w, rows) for rows in entries.chunks(w, self.rows)]
+        first, nibbles = parts[0], parts[0].bits == 4
+        codes = np.concatenate([pack_nibbles(p.codes) if nibbles else p.codes for p in parts])
+        scale = np.concatenate([p.scale for p in parts])
+        offset = None if first.offset is None else torch.from_numpy(np.concatenate([p.offset for p in parts]))
+        setattr(holder, child, LowbitEmbedding(torch.from_numpy(codes), torch.from_numpy(scale), offset, first.zero,
+                                               first.group, module.padding_idx, packed=nibbles))
 
     def low_bit(self, module, w: str, bias):
         """The int4-setting module for linear `module` with weight tensor `w`, or None (stays float)."""
-        n, k, entries, rows = module.out_features, module.in_features, self.entries, self.rows
+        n, k, entries = module.out_features, module.in_features, self.entries
+        chunks = entries.chunks(w, self.rows)
         if not entries.is_codes(w):
             if not int4_shape_ok(n, k):
                 return None
-            return Int4Linear.from_codes((quantize_int4(entries.float(w)[i:i + rows]) for i in range(0, n, rows)), bias)
-        info = entries.meta[w]
-        exact4 = info["type"] == "Q4_K"  # the kernel's int4 layout holds Q4_K exactly
+            return Int4Linear.from_codes((quantize_int4(entries.float(w, rows)) for rows in chunks), bias)
+        kind = entries.type(w)
         if module is self.head and self.exact_top1 and int4_shape_ok(n, k):
-            return RescoredHead(Int4Linear.from_codes(self.int4_chunks(w), bias), entries.exact_rows(w))
-        if (exact4 or not self.exact_top1) and int4_shape_ok(n, k):
-            return Int4Linear.from_codes(self.int4_chunks(w), bias)
-        if info["type"] == "Q6_K" and use_tiles() and Int6Linear.shape_ok(n, k):
-            codes, scale, _, _ = entries.codes(w)
-            return Int6Linear.from_codes(((codes[i:i + rows], scale[i:i + rows]) for i in range(0, n, rows)), bias)
+            return RescoredHead(self.int4(w, bias), entries.exact_rows(w))
+        if (kind == "Q4_K" or not self.exact_top1) and int4_shape_ok(n, k):
+            return self.int4(w, bias)
+        if kind == "Q6_K" and use_tiles() and Int6Linear.shape_ok(n, k):
+            return Int6Linear.from_tiles((self.q6k(w, rows) for rows in chunks), bias)
         if int8_shape_ok(n, k):
-            return Int8Linear.from_float((entries.dequantize(w, slice(i, i + rows)) for i in range(0, n, rows)), bias)
+            return Int8Linear.from_float((entries.dequantize(w, rows) for rows in chunks), bias)
         return None
 
-    def int4_chunks(self, name: str):
-        """Row chunks of codes, scale and offset in the int4 kernel's numbers: Q4_K codes, scales and offsets as
-        they are, anything else (Q4_0, Q4_1, 5-, 6-, 8-bit, group 16) re-quantized to Q4_K's grid from the exact
-        values."""
-        codes, scale, offset, info = self.entries.codes(name)
-        for i in range(0, codes.shape[0], self.rows):
-            part = slice(i, i + self.rows)
-            if info["type"] == "Q4_K":
-                yield codes[part], scale[part].float(), offset[part].float()
-            else:
-                yield quantize_int4(dequantize_codes(codes, scale, offset, info, part))
+    def int4(self, name: str, bias) -> Int4Linear:
+        """In the int4 kernel's numbers: Q4_K blocks as they are (in the project's layout, their bytes rearranged),
+        anything else (Q4_0, Q4_1, 5-, 6-, 8-bit, group 16) re-quantized to Q4_K's grid from the exact values."""
+        entries, chunks = self.entries, self.entries.chunks(name, self.rows)
+        if entries.type(name) != "Q4_K":
+            return Int4Linear.from_codes((quantize_int4(entries.dequantize(name, rows)) for rows in chunks), bias)
+        if use_tiles():
+            return Int4Linear.from_tiles((q4k_tiles(torch.from_numpy(entries.raw(name, rows))) for rows in chunks),
+                                         bias)
+        codes = (entries.codes(name, rows) for rows in chunks)
+        return Int4Linear.from_codes(((torch.from_numpy(c.codes), torch.from_numpy(c.scale),
+                                       torch.from_numpy(c.offset)) for c in codes), bias)
+
+    def q6k(self, name: str, rows: slice):
+        raw = self.entries.raw(name, rows)
+        codes = decompose(raw, "Q6_K", (raw.shape[0], self.entries.shape(name)[1])).codes
+        return q6k_tiles(torch.from_numpy(raw), torch.from_numpy(codes))
 
 
 def _narrow_and_fuse(model, fuse: bool, frequent: int | None) -> None:

@@ -1,13 +1,13 @@
 """The int4 models as built, kept once per cache: a later start opens them instead of building them again.
 
-Building a model of the embedded pair from its GGUF codes (build.build_model: every tensor re-packed into the
+Building a model of the embedded pair from its GGUF (build.build_model: every tensor re-packed into the
 kernel's tiles, the drafter's head rows selected, q/k/v and gate/up fused) is the same work at every start. The
 first start saves what it built (torch.save of the module tree: exactly the tensors the built layers hold, and the
 modules that hold them); a later start opens that file memory-mapped (torch.load(mmap=True)): nothing is
 converted, and the OS is asked to read the file ahead (posix_fadvise WILLNEED) rather than page by page as the first
 passes touch it.
 
-A file is keyed by everything that decides its bytes: the GGUF's sha256 (READY.json of the codes folder), the
+A file is keyed by everything that decides its bytes: the GGUF's sha256 (READY.json of the cache folder), the
 weights layer's sources (via_sd/weights/*.py and *.cpp: a kernel whose layout changes is another key), the layout
 in use (the project's kernel or torch's, and torch's block of rows), the drafter's frequency list, torch's and
 transformers' versions, the weights setting and the build's options. A folder keeps the file just written and the
@@ -24,6 +24,8 @@ import json
 import logging
 import os
 import tempfile
+import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
@@ -58,7 +60,7 @@ def _layout() -> str:
 
 
 def built_key(folder: Path, weights: str, options: dict) -> dict | None:
-    """What the built model of the codes folder `folder` depends on; None when the folder names no sha256 (only a
+    """What the built model of the cache folder `folder` depends on; None when the folder names no sha256 (only a
     verified folder is cached)."""
     try:
         ready = json.loads((Path(folder) / "READY.json").read_text())
@@ -127,7 +129,7 @@ def _open(path: Path, key: dict) -> nn.Module | None:
 def _save(model: nn.Module, path: Path, key: dict) -> None:
     """Writes `model` to `path` atomically (a temporary file renamed); of this folder's files of other keys only the
     newest stays."""
-    heads, tmp = _detach_watchers(model), None
+    start, heads, tmp = time.perf_counter(), _detach_watchers(model), None
     model.via_sd_built = key
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -144,21 +146,40 @@ def _save(model: nn.Module, path: Path, key: dict) -> None:
             os.unlink(tmp)
         if heads:
             _watch(model)
+    log.info("kept the built model %s in %.1f s", path.parent.name, time.perf_counter() - start)
     others = sorted((p for p in path.parent.glob("*.pt") if p != path), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in others[KEEP - 1:]:  # the newest others stay: checkouts of other sources sharing one cache
         old.unlink(missing_ok=True)
 
 
-def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module]) -> nn.Module:
-    """The model `build()` makes from the codes folder `folder` in `weights` with `options`: opened from the cache
+_KEEPING: list[threading.Thread] = []  # built models being written (built_model's keep_later)
+
+
+def wait_kept() -> None:
+    """Returns once every built model that `built_model(..., keep_later=True)` is writing is written (or given up)."""
+    while _KEEPING:
+        _KEEPING.pop().join()
+
+
+def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module], keep_later: bool = False) -> nn.Module:
+    """The model `build()` makes from the cache folder `folder` in `weights` with `options`: opened from the cache
     when an earlier start kept it, else built now and kept. Only int4 is kept (fp32 / bf16 would copy the float
-    model to disk, and load as fast from the codes as from there); a folder without READY.json is built always."""
+    model to disk, and load as fast from the GGUF as from there); a folder without READY.json is built always.
+    `keep_later`: the file is written by a thread while the caller goes on (a first start builds the other model
+    meanwhile); `wait_kept()` waits for it. Nothing may change the model's tensors until then."""
     key = built_key(Path(folder), weights, options) if weights == "int4" else None
     if key is None:
         return build()
     path = built_path(Path(folder), key)
     if path.is_file() and (model := _open(path, key)) is not None:
         return model
+    start = time.perf_counter()
     model = build()
-    _save(model, path, key)
+    log.info("built %s in %.1f s", path.parent.name, time.perf_counter() - start)
+    if keep_later:
+        thread = threading.Thread(target=_save, args=(model, path, key), name=f"via-sd-keep-{path.parent.name}")
+        thread.start()
+        _KEEPING.append(thread)
+    else:
+        _save(model, path, key)
     return model

@@ -24,10 +24,8 @@ Nothing here builds the whole float model: one tensor at a time, as numpy arrays
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
-import torch
 
 
 class UnsupportedTensorType(ValueError):
@@ -156,28 +154,3 @@ def decompose(data: np.ndarray, type_name: str, shape: tuple[int, int], where: s
     return Codes(codes.reshape(rows, cols), scale.reshape(rows, cols // group).astype(np.float32),
                  None if offset is None else offset.reshape(rows, cols // group).astype(np.float32),
                  zero, bits, group, type_name)
-
-
-def gguf_tensors(gguf, path: str | Path = ""):
-    """Yields (gguf_name, Codes or float ndarray) for every tensor of a GgufFile (gguf_file.py), one at a time."""
-    for t in gguf.tensors:
-        if t.type in FLOAT_TYPES:
-            data = t.data.view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[t.type])
-            if t.type == "BF16":
-                data = (data.astype(np.uint32) << 16).view(np.float32)
-            yield t.name, data.reshape(t.shape)
-        elif len(t.shape) == 2:
-            yield t.name, decompose(t.data, t.type, t.shape, where=f" (tensor {t.name} in {path})")
-        else:
-            raise UnsupportedTensorType(f"GGUF tensor {t.name} in {path}: type {t.type} with shape {t.shape} "
-                                        "is not supported (quantized tensors must be 2-D)")
-
-
-def dequantize_codes(codes, scale, offset, info: dict, rows: slice = slice(None)) -> torch.Tensor:
-    """(codes - zero) * scale [+ offset] per group, float32, for the given rows."""
-    codes, scale = codes[rows], scale[rows]
-    n, k = codes.shape
-    w = (codes.to(torch.int16) - info["zero"]).float().view(n, -1, info["group"]) * scale[..., None]
-    if offset is not None:
-        w = w + offset[rows][..., None]
-    return w.view(n, k)

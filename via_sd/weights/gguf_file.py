@@ -24,6 +24,7 @@ class TensorEntry:
     shape: tuple[int, ...]  # slowest dimension first, as torch and numpy hold it
     type: str               # the ggml type's name: "Q4_K", "F32", ...
     data: np.ndarray        # uint8 view of the tensor's bytes in the memory map (read only where used)
+    offset: int = 0         # where those bytes start in the file
 
 
 class GgufFile:
@@ -59,7 +60,7 @@ class GgufFile:
             begin = start + offset
             if begin + size > len(self.blob):
                 raise ValueError(f"{self.path}: tensor {name} ends past the end of the file (a truncated download?)")
-            self.tensors.append(TensorEntry(name, shape, kind.name, self.blob[begin:begin + size]))
+            self.tensors.append(TensorEntry(name, shape, kind.name, self.blob[begin:begin + size], begin))
 
     @property
     def architecture(self) -> str:

@@ -1,35 +1,33 @@
-"""The codes cache: one safetensors file of GGUF codes / scales / offsets (and float tensors) per model.
+"""A GGUF file's tensors in transformers' parameter names, read from the file one tensor (or row chunk) at a time.
 
-`write_cache` turns a GGUF file into <folder>/weights.safetensors + config.json in transformers'
-parameter names (4-bit codes two to a byte); `Entries` reads a cache folder (or a GGUF held in memory)
-back, tensor by tensor, whole or memory-mapped, and `ExactRows` de-quantizes single rows of one tensor
-(the verifier head's re-scoring). The GGUF block formats are gguf_codes.py; building a model from the
-codes in a weights setting is lowbit_build.py (both re-exported here).
+`Entries` maps transformers' names to the GGUF's tensors (transformers' own name map) and hands out, per tensor
+or chunk of rows: the raw blocks (build.py rearranges Q4_K and Q6_K blocks straight into the kernel's tiles),
+codes with per-group scales and offsets (gguf_codes.py: exact), de-quantized floats, or `ExactRows` (single rows
+of one tensor de-quantized on demand: the verifier head's re-scoring). Nothing holds the whole model in memory:
+each read copies only its rows out of the file. `gguf_config` and `gguf_tokenizer` read the rest of a GGUF.
 """
 
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from .gguf_codes import (DECOMPOSE, FLOAT_TYPES, SUPPORTED, Codes, UnsupportedTensorType, decompose,  # noqa: F401
-                         dequantize_codes, gguf_tensors)
-from .gguf_file import GgufFile
-from .linears import pack_nibbles, unpack_nibbles
+from .gguf_codes import DECOMPOSE, FLOAT_TYPES, SUPPORTED, Codes, UnsupportedTensorType, decompose  # noqa: F401
+from .gguf_file import GgufFile, TensorEntry
 from .build import build_model  # noqa: F401
 
-WEIGHTS_FILE = "weights.safetensors"
+MODEL_FILE = "model.gguf"  # the GGUF in a cache folder, beside its config.json and tokenizer (embedded.py)
 _NAMES: dict = {}  # (architecture, config) -> transformers' tensor name map (_hf_names)
 PLAIN = ("llama", "qwen2", "qwen3")  # architectures whose GGUF config transformers builds by renaming keys alone
 
 
 def _hf_names(config, gguf, path) -> tuple[dict[str, str], object]:
-    """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor. The map takes 4-6 s
-    (transformers builds gguf's name table once per module), so a process makes it once per architecture and config:
-    the unpacking and its check both need it."""
+    """gguf tensor name -> HF parameter name (via transformers' own map), and its tensor processor. The map takes ~2 s,
+    so a process makes it once per architecture and config: the first start's check and build both need it."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, LlamaTensorProcessor, TensorProcessor,
@@ -43,11 +41,20 @@ def _hf_names(config, gguf, path) -> tuple[dict[str, str], object]:
                                           if k not in ("_name_or_path", "architectures", "transformers_version")},
                                          sort_keys=True, default=str))
     if key not in _NAMES:
+        import gguf as package
+
         with init_empty_weights():
             meta = AutoModelForCausalLM.from_config(config)
         while len(_NAMES) >= 4:
             _NAMES.pop(next(iter(_NAMES)))
-        _NAMES[key] = get_gguf_hf_weights_map(meta, processor_class(config=config.to_dict()))
+        # transformers walks every sub-module and asks gguf for the whole name table at each (about 300 times for a
+        # 28-layer model: 5.2 s of 5.6); the table depends only on the architecture and depth, so it is made once
+        original = package.get_tensor_name_map
+        package.get_tensor_name_map = lru_cache(maxsize=None)(original)
+        try:
+            _NAMES[key] = get_gguf_hf_weights_map(meta, processor_class(config=config.to_dict()))
+        finally:
+            package.get_tensor_name_map = original
     return _NAMES[key], processor_class
 
 
@@ -63,25 +70,6 @@ def _llama_rows(name: str, rows: int, config) -> np.ndarray | None:
         return None
     index = np.arange(rows)
     return index.reshape(n, rows // n // 2, 2).swapaxes(2, 1).reshape(rows)
-
-
-def gguf_entries(path, config, gguf: GgufFile | None = None):
-    """Yields (hf_name, Codes | float ndarray) of a GGUF file in transformers' parameter names."""
-    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
-
-    gguf = gguf or GgufFile(path)
-    names, processor = _hf_names(config, gguf, path)
-    for name, value in gguf_tensors(gguf, path):
-        hf = names.get(name)
-        if hf is None:
-            continue  # e.g. rope_freqs: derived from the config by transformers too
-        if processor is LlamaTensorProcessor:
-            rows = _llama_rows(name, value.shape[0], config)
-            if rows is not None:
-                value = value[rows] if isinstance(value, np.ndarray) else Codes(
-                    value.codes[rows], value.scale[rows], None if value.offset is None else value.offset[rows],
-                    value.zero, value.bits, value.group, value.type)
-        yield hf, value
 
 
 def gguf_config(path, gguf: GgufFile | None = None):
@@ -127,145 +115,110 @@ def gguf_tokenizer(path, config=None):
     return loader.from_pretrained(str(path.parent), gguf_file=path.name, trust_remote_code=False)
 
 
-def write_cache(path, out) -> dict:
-    """GGUF file -> <out>/weights.safetensors + config.json: codes, scales and offsets as stored,
-    4-bit codes two to a byte. Returns {tensor type: count}."""
-    from safetensors.torch import save_file
-
-    gguf = GgufFile(path)
-    config = gguf_config(path, gguf)
-    tensors, meta, counts = {}, {}, {}
-    for hf, value in gguf_entries(path, config, gguf):
-        if isinstance(value, Codes):
-            codes = value.codes
-            if value.bits == 4:
-                codes = pack_nibbles(codes)
-            tensors[f"{hf}.codes"] = torch.from_numpy(np.ascontiguousarray(codes))
-            tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
-            if value.offset is not None:
-                tensors[f"{hf}.offset"] = torch.from_numpy(value.offset)
-            meta[hf] = {"type": value.type, "bits": value.bits, "group": value.group, "zero": value.zero,
-                        "shape": list(value.shape)}
-            counts[value.type] = counts.get(value.type, 0) + 1
-        else:
-            tensors[hf] = torch.from_numpy(np.array(value))
-            counts[str(value.dtype)] = counts.get(str(value.dtype), 0) + 1
-    Path(out).mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(Path(out) / WEIGHTS_FILE), metadata={"via_sd": json.dumps(meta)})
-    config.save_pretrained(str(out))
-    return counts
-
-
-class _CacheFile:
-    """A safetensors file opened anew for every tensor: a long-lived memory map would keep every page
-    read so far resident (counted in the process's RSS) until the whole model is built."""
-
-    def __init__(self, path: Path):
-        from safetensors import safe_open
-
-        self.path = str(path)
-        with safe_open(self.path, "pt") as f:
-            self._keys, self.meta = set(f.keys()), json.loads(f.metadata()["via_sd"])
-
-    def keys(self) -> set[str]:
-        return self._keys
-
-    def get_tensor(self, key: str):
-        from safetensors import safe_open
-
-        with safe_open(self.path, "pt") as f:
-            return f.get_tensor(key)
-
-    def mapped(self, key: str) -> torch.Tensor:
-        """A tensor that is a view of a private memory map of the file: a page is read only when a row
-        on it is used, and counts in the RSS only then."""
-        import mmap
-
-        with open(self.path, "rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            entry = json.loads(f.read(size))[key]
-            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
-        dtype = {"U8": torch.uint8, "I8": torch.int8, "F16": torch.float16, "BF16": torch.bfloat16,
-                 "F32": torch.float32}[entry["dtype"]]
-        begin, end = entry["data_offsets"]
-        flat = torch.frombuffer(buffer, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=8 + size + begin)
-        return flat.view(entry["shape"])
-
-
 class Entries:
-    """Read side of a cache file (or of a GGUF file held in memory): torch tensors by HF name."""
+    """The tensors of one GGUF file by transformers' parameter names, each read from the file when asked for."""
 
-    def __init__(self, tensors, meta: dict | None):
-        self.tensors, self.meta = tensors, tensors.meta if meta is None else meta
-
-    @classmethod
-    def from_cache(cls, folder):
-        return cls(_CacheFile(Path(folder) / WEIGHTS_FILE), None)
+    def __init__(self, path, tensors: dict[str, TensorEntry], order: dict[str, np.ndarray]):
+        self.path, self.tensors, self.order = str(path), tensors, order  # order: llama's q / k row order
 
     @classmethod
-    def from_gguf(cls, path, config, gguf: GgufFile | None = None):
-        tensors, meta = {}, {}
-        for hf, value in gguf_entries(path, config, gguf):
-            if isinstance(value, Codes):
-                tensors[f"{hf}.codes"] = torch.from_numpy(value.codes)
-                tensors[f"{hf}.scale"] = torch.from_numpy(value.scale)
-                if value.offset is not None:
-                    tensors[f"{hf}.offset"] = torch.from_numpy(value.offset)
-                meta[hf] = {"type": value.type, "bits": value.bits, "group": value.group, "zero": value.zero,
-                            "shape": list(value.shape), "unpacked": True}
-            else:
-                tensors[hf] = torch.from_numpy(np.array(value))
-        return cls(tensors, meta)
+    def from_gguf(cls, path, config, gguf: GgufFile | None = None) -> "Entries":
+        from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
-    def _get(self, key):
-        return self.tensors.get_tensor(key) if hasattr(self.tensors, "get_tensor") else self.tensors[key]
+        gguf = gguf or GgufFile(path)
+        names, processor = _hf_names(config, gguf, path)
+        tensors, order = {}, {}
+        for t in gguf.tensors:
+            hf = names.get(t.name)
+            if hf is None:
+                continue  # e.g. rope_freqs: derived from the config by transformers too
+            if t.type not in FLOAT_TYPES and (t.type not in DECOMPOSE or len(t.shape) != 2):
+                shape = "" if len(t.shape) == 2 else f" with shape {t.shape} (quantized tensors must be 2-D)"
+                raise UnsupportedTensorType(f"GGUF tensor type {t.type}{shape} is not supported (tensor {t.name} in "
+                                            f"{path}); supported: {', '.join(SUPPORTED)}")
+            tensors[hf] = t
+            rows = _llama_rows(t.name, t.shape[0], config) if processor is LlamaTensorProcessor else None
+            if rows is not None:
+                order[hf] = rows
+        return cls(path, tensors, order)
+
+    @classmethod
+    def from_folder(cls, folder, config) -> "Entries":
+        """A cache folder's GGUF (embedded.py keeps it as model.gguf beside config.json)."""
+        return cls.from_gguf(Path(folder) / MODEL_FILE, config)
 
     def keys(self) -> set[str]:
-        return set(self.meta) | {k for k in self.tensors.keys() if not k.rsplit(".", 1)[-1] in ("codes", "scale", "offset")
-                                 or k.rsplit(".", 1)[0] not in self.meta}
+        return set(self.tensors)
 
     def is_codes(self, name: str) -> bool:
-        return name in self.meta
+        return self.tensors[name].type not in FLOAT_TYPES
 
-    def float(self, name: str):
-        return self._get(name).float()
+    def type(self, name: str) -> str:
+        return self.tensors[name].type
 
-    def codes(self, name: str, unpack: bool = True, mapped: bool = False):
-        """(codes uint8 [N, K], scale, offset or None, info dict); with unpack=False, 4-bit codes stay
-        two to a byte when the file holds them so (info["packed"] then says so); with mapped=True, a
-        cache file's tensors are views of a memory map (read only where used)."""
-        get = self.tensors.mapped if mapped and hasattr(self.tensors, "mapped") else self._get
-        info = dict(self.meta[name])
-        codes = get(f"{name}.codes")
-        info["packed"] = info["bits"] == 4 and not info.get("unpacked") and not unpack
-        if info["bits"] == 4 and not info.get("unpacked") and unpack:
-            codes = unpack_nibbles(codes)
-        offset = get(f"{name}.offset") if f"{name}.offset" in self.tensors.keys() else None
-        return codes, get(f"{name}.scale"), offset, info
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.tensors[name].shape
 
-    def dequantize(self, name: str, rows: slice = slice(None)):
-        """float32 [rows, K] of a codes tensor, as the gguf reference de-quantizer computes it."""
-        return dequantize_codes(*self.codes(name), rows)
+    def raw(self, name: str, rows: slice = slice(None)) -> np.ndarray:
+        """The stored bytes of `rows` (uint8 [rows, bytes a row]), copied out of the file (a long-lived map would
+        keep every page read so far in the process's memory until the whole model is built)."""
+        t = self.tensors[name]
+        n = t.shape[0]
+        width = t.data.nbytes // n
+        if name in self.order:  # llama's q / k: rows the file keeps in another order
+            index = self.order[name][rows]
+            return np.fromfile(self.path, np.uint8, n * width, offset=t.offset).reshape(n, width)[index]
+        start, stop, _ = rows.indices(n)
+        return np.fromfile(self.path, np.uint8, (stop - start) * width, offset=t.offset + start * width
+                           ).reshape(-1, width)
+
+    def codes(self, name: str, rows: slice = slice(None)) -> Codes:
+        """Codes, scales and offsets of `rows` (gguf_codes.decompose)."""
+        raw = self.raw(name, rows)
+        width = self.tensors[name].shape[1]
+        return decompose(raw, self.type(name), (raw.shape[0], width), where=f" (tensor {name} in {self.path})")
+
+    def chunks(self, name: str, rows: int):
+        """The row slices of a tensor, `rows` at a time."""
+        n = self.tensors[name].shape[0]
+        return [slice(i, min(i + rows, n)) for i in range(0, n, rows)]
+
+    def float(self, name: str, rows: slice = slice(None)) -> torch.Tensor:
+        """float32 values of `rows`: a float tensor as stored, a quantized one de-quantized."""
+        kind = self.type(name)
+        if kind not in FLOAT_TYPES:
+            return self.dequantize(name, rows)
+        data = self.raw(name, rows).view({"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[kind])
+        if kind == "BF16":
+            data = (data.astype(np.uint32) << 16).view(np.float32)
+        return torch.from_numpy(data.astype(np.float32)).reshape(-1, *self.shape(name)[1:])
+
+    def dequantize(self, name: str, rows: slice = slice(None)) -> torch.Tensor:
+        """float32 [rows, K] of a quantized tensor, as the gguf reference de-quantizer computes it."""
+        return torch.from_numpy(self.codes(name, rows).dequantize())
 
     def exact_rows(self, name: str) -> "ExactRows":
-        """Rows of a codes tensor de-quantized on demand; from a cache file, without loading the rest."""
-        return ExactRows(*self.codes(name, unpack=False, mapped=True))
+        """Rows of a quantized tensor de-quantized on demand, its blocks mapped from the file (read where used)."""
+        t = self.tensors[name]
+        n = t.shape[0]
+        blocks = np.memmap(self.path, np.uint8, mode="c", offset=t.offset, shape=(n, t.data.nbytes // n))
+        if name in self.order:
+            blocks = blocks[self.order[name]]
+        return ExactRows(torch.from_numpy(blocks), t.type, t.shape[1])
 
 
 class ExactRows:
-    """ids [...] -> float32 [..., K]: the rows of one GGUF tensor, de-quantized exactly (the output
-    head's rows for RescoredHead). Not a module: its codes are not weights a forward pass reads."""
+    """ids [...] -> float32 [..., K]: the rows of one GGUF tensor, de-quantized exactly (the output head's rows for
+    RescoredHead), from its blocks [rows, bytes a row]. Not a module: its blocks are not weights a forward pass
+    reads."""
 
-    def __init__(self, codes, scale, offset, info: dict):
-        self.codes, self.scale, self.offset, self.info = codes, scale, offset, info
+    def __init__(self, blocks: torch.Tensor, kind: str, width: int):
+        self.blocks, self.kind, self.width = blocks, kind, width
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).cpu()
-        # index_select, not codes[flat]: torch's advanced indexing of uint8 rows split 16 rows over two threads and
-        # took milliseconds (BENCHMARKS.md, issue #39); the same gather
-        codes = self.codes.index_select(0, flat)
-        if self.info["packed"]:
-            codes = unpack_nibbles(codes)
-        offset = None if self.offset is None else self.offset.index_select(0, flat)
-        w = dequantize_codes(codes, self.scale.index_select(0, flat), offset, self.info)
+        # index_select, not blocks[flat]: torch's advanced indexing of uint8 rows split 16 rows over two threads and
+        # took milliseconds (BENCHMARKS.md, issue #39)
+        raw = self.blocks.index_select(0, flat).numpy()
+        w = torch.from_numpy(decompose(raw, self.kind, (len(flat), self.width)).dequantize())
         return w.view(*ids.shape, -1).to(ids.device)

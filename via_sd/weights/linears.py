@@ -142,6 +142,12 @@ class Int4Linear(nn.Module):
         return cls(torch.cat(packed, 0), torch.cat(scales, 0 if tiles else 1).contiguous(), bias)
 
     @classmethod
+    def from_tiles(cls, chunks, bias=None) -> "Int4Linear":
+        """From row chunks already in the project's layout: (codes, super-blocks) as tiles.pack_int4 makes them."""
+        chunks = list(chunks)
+        return cls(torch.cat([c for c, _ in chunks]), torch.cat([s for _, s in chunks]).contiguous(), bias)
+
+    @classmethod
     def from_float(cls, weight: torch.Tensor, bias=None, rows: int = 4096, tiles: bool | None = None) -> "Int4Linear":
         """Quantizes a float [N, K] weight group-wise (quantize_int4: min / max per group of 32, as Q4_K)."""
         weight = weight.detach()
@@ -239,8 +245,13 @@ class Int6Linear(nn.Module):
     @classmethod
     def from_codes(cls, chunks, bias=None) -> "Int6Linear":
         """From (Q6_K codes 0..63 [n, K], scales [n, K / 16]) row chunks (multiples of 16 rows), w = (q - 32) s."""
-        packed = [pack_int6(q, scale) for q, scale in chunks]
-        return cls(torch.cat([c for c, _ in packed]), torch.cat([s for _, s in packed]), bias)
+        return cls.from_tiles((pack_int6(q, scale) for q, scale in chunks), bias)
+
+    @classmethod
+    def from_tiles(cls, chunks, bias=None) -> "Int6Linear":
+        """From row chunks already in the layout: (codes, super-blocks) as tiles.pack_int6 makes them."""
+        chunks = list(chunks)
+        return cls(torch.cat([c for c, _ in chunks]), torch.cat([s for _, s in chunks]), bias)
 
     def dequantize(self) -> torch.Tensor:
         """W as float32 [N, K]: the gguf package's de-quantized values."""

@@ -83,15 +83,43 @@ def pack_int4(q: torch.Tensor, scale: torch.Tensor, m: torch.Tensor):
     t, g = n // TILE, k // GROUP
     quads = _quads(q)
     codes = (quads[..., 0, :] | (quads[..., 1, :] << 4)).reshape(t, g, 256).contiguous()
-    halves, sixes = [], []
+    grids = []
     for sign, v in ((1, scale.float()), (-1, -m.float())):  # m = dm * mn with dm = -dmin <= 0, as Q4_K's
         d, c = fp16_grid(F.pad(v, (0, -g % SUPER)).view(n, -1, SUPER), 0, 63, "int4 scales and offsets")
-        halves.append((sign * d).view(t, TILE, -1).permute(0, 2, 1).contiguous().view(torch.uint8).view(t, -1, 32))
-        sixes.append(c.to(torch.uint8).view(t, TILE, -1, SUPER).permute(0, 2, 3, 1))  # tile, super, group, out
+        grids += [sign * d, c.to(torch.uint8)]
+    return codes, _int4_blocks(*grids)
+
+
+def _int4_blocks(d: torch.Tensor, sc: torch.Tensor, dm: torch.Tensor, mn: torch.Tensor) -> torch.Tensor:
+    """fp16 d, dm [n, S] and 6-bit sc, mn uint8 [n, S, 8] -> pack_int4's super-blocks [n / 16, S, 256]."""
+    t = d.shape[0] // TILE
+    halves = [h.view(t, TILE, -1).permute(0, 2, 1).contiguous().view(torch.uint8).view(t, -1, 32) for h in (d, dm)]
+    sixes = [c.view(t, TILE, -1, SUPER).permute(0, 2, 3, 1) for c in (sc, mn)]  # tile, super, group, output
     low = [((c[:, :, 0::2] & 15) | ((c[:, :, 1::2] & 15) << 4)).reshape(t, -1, 64) for c in sixes]
     high = [((c[:, :, 0::4] >> 4) | ((c[:, :, 1::4] >> 4) << 2) | ((c[:, :, 2::4] >> 4) << 4)
              | ((c[:, :, 3::4] >> 4) << 6)).reshape(t, -1, 32) for c in sixes]
-    return codes, torch.cat([*halves, *low, *high], -1).contiguous()
+    return torch.cat([*halves, *low, *high], -1).contiguous()
+
+
+def q4k_tiles(raw: torch.Tensor):
+    """A GGUF Q4_K tensor's blocks, uint8 [n, K / 256 * 144] (per block: fp16 d, fp16 dmin, 12 bytes of packed 6-bit
+    sc and mn, 128 bytes of codes), -> pack_int4's codes and super-blocks, by moving bytes and nibbles: nothing is
+    de-quantized or searched (pack_int4 finds d and dm again from the products)."""
+    n = raw.shape[0]
+    b = raw.view(n, -1, 144)
+    d = b[..., 0:2].contiguous().view(torch.float16).view(n, -1)
+    dmin = b[..., 2:4].clone()
+    dmin[..., 1] ^= 0x80  # dm = -dmin: the fp16 sign bit
+    s = b[..., 4:16]
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    # codes: byte x of pair p holds input x of group 2p (low nibble) and of group 2p + 1 (high); x = 8 jp + 4 h + i
+    qs = b[..., 16:].reshape(n, -1, 4, 4, 2, 4)
+    even = (qs[..., 0, :] & 15) | ((qs[..., 1, :] & 15) << 4)
+    odd = (qs[..., 0, :] >> 4) | (qs[..., 1, :] & 0xF0)
+    groups = torch.stack([even, odd], 3).view(n // TILE, TILE, -1, 4, 4)  # tile, output, group, jp, i
+    codes = groups.permute(0, 2, 3, 1, 4).reshape(n // TILE, -1, 256).contiguous()
+    return codes, _int4_blocks(d, sc, dmin.view(torch.float16).view(n, -1), mn)
 
 
 def unpack_int4(codes: torch.Tensor, blocks: torch.Tensor):
@@ -117,17 +145,38 @@ def pack_int6(q: torch.Tensor, scale: torch.Tensor):
     16 h + 4 k + i) and the super-blocks uint8 [n / 16, K / 256, 288]: fp16 d of the 16 outputs, then int8 sc of
     sub-block u (16 inputs) of output o at byte 32 + 16 u + o."""
     n, k = q.shape
-    t, g = n // TILE, k // GROUP
     if k % (SUPER * GROUP):
         raise ValueError(f"Q6_K weights take whole super-blocks of 256 inputs, not {k}")
+    d, c = fp16_grid(scale.float().view(n, -1, 2 * SUPER), -128, 127, "Q6_K scales")
+    return _int6_codes(q), _int6_blocks(d, c.to(torch.int8))
+
+
+def _int6_codes(q: torch.Tensor) -> torch.Tensor:
+    n, k = q.shape
+    t, g = n // TILE, k // GROUP
     quads = _quads(q & 15)
     low = (quads[..., 0, :] | (quads[..., 1, :] << 4)).reshape(t, g, 256)
     top = (q >> 4).to(torch.uint8).view(t, TILE, g, 2, 4, 4).permute(0, 2, 3, 1, 5, 4)  # tile, group, h, o, i, k
     high = (top[..., 0] | (top[..., 1] << 2) | (top[..., 2] << 4) | (top[..., 3] << 6)).reshape(t, g, 128)
-    d, c = fp16_grid(scale.float().view(n, -1, 2 * SUPER), -128, 127, "Q6_K scales")
+    return torch.cat([low, high], -1).contiguous()
+
+
+def _int6_blocks(d: torch.Tensor, sc: torch.Tensor) -> torch.Tensor:
+    """fp16 d [n, S] and int8 sc [n, S, 16] -> pack_int6's super-blocks [n / 16, S, 288]."""
+    t = d.shape[0] // TILE
     d = d.view(t, TILE, -1).permute(0, 2, 1).contiguous().view(torch.uint8).view(t, -1, 32)
-    c = c.to(torch.int8).view(t, TILE, -1, 2 * SUPER).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
-    return torch.cat([low, high], -1).contiguous(), torch.cat([d, c.reshape(t, -1, 256)], -1).contiguous()
+    c = sc.view(t, TILE, -1, 2 * SUPER).permute(0, 2, 3, 1).contiguous().view(torch.uint8)
+    return torch.cat([d, c.reshape(t, -1, 256)], -1).contiguous()
+
+
+def q6k_tiles(raw: torch.Tensor, codes: torch.Tensor):
+    """A GGUF Q6_K tensor's blocks, uint8 [n, K / 256 * 210] (per block: 128 bytes of low and 64 of high code bits,
+    16 int8 sc, fp16 d), and its codes 0..63 [n, K] (gguf_codes.decompose) -> pack_int6's codes and super-blocks,
+    d and sc taken as they are."""
+    n = raw.shape[0]
+    b = raw.view(n, -1, 210)
+    d = b[..., 208:210].contiguous().view(torch.float16).view(n, -1)
+    return _int6_codes(codes), _int6_blocks(d, b[..., 192:208].contiguous().view(torch.int8))
 
 
 def unpack_int6(codes: torch.Tensor, blocks: torch.Tensor):
