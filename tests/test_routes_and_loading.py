@@ -143,14 +143,15 @@ def test_pairs_load_from_local_folders_and_mismatched_tokenizers_are_refused(tmp
         load_pair(drafter=drafter, verifier=verifier, device="cpu")
 
 
-def test_one_tokenizer_in_both_folders_is_read_once_and_any_other_byte_makes_it_two(tmp_path, monkeypatch):
+def test_one_tokenizer_in_both_folders_is_read_once_and_any_other_byte_of_it_makes_it_two(tmp_path, monkeypatch):
     import via_sd.core.pair as pair_module
     from via_sd.core.shared_vocab import same_tokenizer_files
 
     drafter, verifier = save_tiny_pair(tmp_path)  # one tokenizer saved twice: the same files
     reads = []
     monkeypatch.setattr(pair_module, "load_tokenizer", lambda source: reads.append(source) or load_tokenizer(source))
-    assert same_tokenizer_files(drafter, verifier)
+    Path(drafter, "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # another chat template alone
+    assert same_tokenizer_files(drafter, verifier)  # does not change how text becomes ids: still one tokenizer
     load_pair(drafter=drafter, verifier=verifier, route=["attn.1"], device="cpu")
     assert reads == [verifier]
     config = Path(verifier, "tokenizer_config.json")
