@@ -77,19 +77,35 @@ def test_another_kernel_source_or_gguf_is_another_key_and_the_oldest_file_goes(t
     assert len(files) == 2 and old not in files  # the oldest went
 
 
-def test_a_model_kept_later_is_written_whole_while_the_caller_goes_on(tmp_path, monkeypatch):
-    """keep_later: the file is written by a thread (a first start builds the drafter meanwhile); once wait_kept()
-    returns it opens as the model built."""
-    monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")
-    folder, calls = codes_folder(tmp_path), []
-    first = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls), keep_later=True)
-    built.wait_kept()
-    assert not built._KEEPING and len(calls) == 1
-    second = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
-    assert len(calls) == 1, "the model kept later was not there for the next start"
-    ids = torch.tensor([[1, 2, 3]])
+def test_a_first_start_builds_apart_in_child_processes_and_the_load_opens_what_they_kept(tmp_path, monkeypatch,
+                                                                                          caplog):
+    """built.build_apart: each model built and kept by a child process of its own, the same model this process
+    builds; a folder a child cannot build keeps nothing, says why in the log and is left to `built_model`."""
+    import shutil
+
+    from via_sd.weights.paths import cache_root
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    if (cache_root() / "kernels").is_dir():  # the session's compiled kernel: the children compile nothing
+        (cache / "kernels").symlink_to(cache_root() / "kernels", target_is_directory=True)
+    monkeypatch.setenv("VIA_SD_CACHE", str(cache))  # what the children read
+    folder, options = codes_folder(tmp_path), {"exact_top1": False}
+    broken = tmp_path / "broken-model"
+    shutil.copytree(folder, broken)
+    (broken / "model.gguf").write_bytes((folder / "model.gguf").read_bytes()[:1000])  # a truncated GGUF
+    jobs = built.to_build([(folder, "int4", options), (folder, "fp32", {}), (broken, "int4", options)])
+    assert jobs == [(folder, "int4", options), (broken, "int4", options)]  # only int4 is kept
+    built.build_apart(jobs)
+    assert built.to_build(jobs) == [(broken, "int4", options)]
+    assert "broken-model in a child process failed" in caplog.text and "ends inside its header" in caplog.text
+    calls = []
+    kept = built_model(folder, "int4", options, lambda: calls.append(1))
+    assert calls == [], "the load built again what a child kept"
+    here = built.build_folder(folder, "int4", options)
+    ids = torch.tensor([[1, 2, 3, 40]])
     with torch.no_grad():
-        assert torch.equal(first(ids).logits, second(ids).logits)
+        assert torch.equal(kept(ids).logits, here(ids).logits)
 
 
 def test_a_damaged_file_is_built_again_and_fp32_is_never_kept(tmp_path, monkeypatch, caplog):

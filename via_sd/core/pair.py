@@ -126,25 +126,21 @@ def _report(progress: Progress | None, message: str, fraction: float) -> None:
 
 
 def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: bool, weights: str = "fp32",
-                exact_top1: bool = True, keep_later: bool = False):
+                exact_top1: bool = True):
     """A causal LM from a hub id, a local folder, a .gguf file or a cache folder (`_check_source` passed).
-    `exact_top1`: see build.build_model (True for a verifier, False for a drafter); `keep_later`: see
-    built.built_model."""
+    `exact_top1`: see build.build_model (True for a verifier, False for a drafter)."""
     from transformers import AutoModelForCausalLM
 
     from ..weights.gguf_pack import MODEL_FILE, Entries, build_model, gguf_config
     from ..weights.settings import apply_weights
 
     if Path(source, MODEL_FILE).is_file() and Path(source, "config.json").is_file():  # a cache folder (embedded.py)
-        from transformers import AutoConfig, GenerationConfig
+        from transformers import GenerationConfig
 
-        from ..weights.built import built_model
+        from ..weights.built import build_folder, built_model
 
-        def build():
-            config = AutoConfig.from_pretrained(source)
-            return build_model(config, Entries.from_folder(source, config), weights, exact_top1=exact_top1)
-
-        model = built_model(source, weights, {"exact_top1": exact_top1}, build, keep_later=keep_later)
+        options = {"exact_top1": exact_top1}
+        model = built_model(source, weights, options, lambda: build_folder(source, weights, options))
         model.generation_config = GenerationConfig.from_pretrained(source)
         return model.to(device).eval()
     if source.endswith(".gguf") and weights == "int4" and Path(source).is_file():  # straight from the blocks
@@ -215,7 +211,6 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     `weights`: "auto" (int4 on CPU, bf16 on CUDA; fp32 for the tiny "random" pair), "fp32", "bf16",
     or "int4" (see weights/settings.py). `device`: "cpu", "cuda" (an error when torch sees no CUDA device) or a torch.device.
     """
-    from ..weights.built import wait_kept
     from ..weights.settings import apply_weights, resolve_weights
 
     if preset is not None:
@@ -252,20 +247,18 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
     v_tok = _shared_tokenizer(drafter, verifier, sources, progress)  # a mismatched pair loads no weights
     models = []
     try:
-        # The verifier first: a first start writes its built model (built.py) while the drafter is built.
-        _report(progress, f"loading verifier {verifier}", 0.05)
-        spread = device.type == "cuda" and torch.cuda.device_count() > 1
-        v_model = _load_model(sources[1], dtype, device, spread=spread, weights=weights, keep_later=True)
-        models.append(v_model)
-        _report(progress, f"loading drafter {drafter}", 0.6)
+        _build_apart(sources, weights, progress)
+        _report(progress, f"loading drafter {drafter}", 0.05)
         d_model = _load_model(sources[0], dtype, device, spread=False, weights=weights, exact_top1=False)
         models.append(d_model)
-        wait_kept()
+        _report(progress, f"loading verifier {verifier}", 0.5)
+        spread = device.type == "cuda" and torch.cuda.device_count() > 1
+        v_model = _load_model(sources[1], dtype, device, spread=spread, weights=weights)
+        models.append(v_model)
         _batch_invariant(weights, v_model, d_model)
         n = v_model.config.num_hidden_layers
         slim = SlimVerifier(v_model, unrouted(n) if route is None and preset is None else resolve_route(route, n))
     except BaseException as err:
-        wait_kept()  # a built model being written is written whole (or not at all) before the error goes on
         models.clear()  # nothing half-loaded stays in memory
         gc.collect()
         if device.type == "cuda":
@@ -283,6 +276,17 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         warnings.warn(no_route_message(drafter, verifier), NoRouteWarning, stacklevel=2)
     _report(progress, "models ready", 1.0)
     return pair
+
+
+def _build_apart(sources: tuple[str, str], weights: str, progress: Progress | None) -> None:
+    """A first start of a pair of cache folders: both int4 models built and kept by child processes at once
+    (built.build_apart), then opened as a restart opens them."""
+    from ..weights.built import build_apart, to_build
+
+    jobs = to_build([(sources[0], weights, {"exact_top1": False}), (sources[1], weights, {"exact_top1": True})])
+    if jobs:
+        _report(progress, "building the int4 models (first start only)", 0.05)
+        build_apart(jobs)
 
 
 def _batch_invariant(weights: str, *models) -> None:

@@ -2,10 +2,11 @@
 
 Building a model of the embedded pair from its GGUF (build.build_model: every tensor re-packed into the
 kernel's tiles, the drafter's head rows selected, q/k/v and gate/up fused) is the same work at every start. The
-first start saves what it built (torch.save of the module tree: exactly the tensors the built layers hold, and the
-modules that hold them); a later start opens that file memory-mapped (torch.load(mmap=True)): nothing is
-converted, and the OS is asked to read the file ahead (posix_fadvise WILLNEED) rather than page by page as the first
-passes touch it.
+first start builds both models at once, each in a child process (`build_apart`: a clean process builds faster than
+one serving the page), which saves what it built (torch.save of the module tree: exactly the tensors the built
+layers hold, and the modules that hold them); the load, and every later start, opens that file memory-mapped
+(torch.load(mmap=True)): nothing is converted, and the OS is asked to read the file ahead (posix_fadvise WILLNEED)
+rather than page by page as the first passes touch it.
 
 A file is keyed by everything that decides its bytes: the GGUF's sha256 (READY.json of the cache folder), the
 weights layer's sources (via_sd/weights/*.py and *.cpp: a kernel whose layout changes is another key), the layout
@@ -24,7 +25,6 @@ import json
 import logging
 import os
 import tempfile
-import threading
 import time
 from functools import lru_cache
 from pathlib import Path
@@ -152,21 +152,11 @@ def _save(model: nn.Module, path: Path, key: dict) -> None:
         old.unlink(missing_ok=True)
 
 
-_KEEPING: list[threading.Thread] = []  # built models being written (built_model's keep_later)
-
-
-def wait_kept() -> None:
-    """Returns once every built model that `built_model(..., keep_later=True)` is writing is written (or given up)."""
-    while _KEEPING:
-        _KEEPING.pop().join()
-
-
-def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module], keep_later: bool = False) -> nn.Module:
+def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module]) -> nn.Module:
     """The model `build()` makes from the cache folder `folder` in `weights` with `options`: opened from the cache
-    when an earlier start kept it, else built now and kept. Only int4 is kept (fp32 / bf16 would copy the float
-    model to disk, and load as fast from the GGUF as from there); a folder without READY.json is built always.
-    `keep_later`: the file is written by a thread while the caller goes on (a first start builds the other model
-    meanwhile); `wait_kept()` waits for it. Nothing may change the model's tensors until then."""
+    when an earlier start (or `build_apart`) kept it, else built now and kept. Only int4 is kept (fp32 / bf16 would
+    copy the float model to disk, and load as fast from the GGUF as from there); a folder without READY.json is
+    built always."""
     key = built_key(Path(folder), weights, options) if weights == "int4" else None
     if key is None:
         return build()
@@ -176,10 +166,67 @@ def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Modu
     start = time.perf_counter()
     model = build()
     log.info("built %s in %.1f s", path.parent.name, time.perf_counter() - start)
-    if keep_later:
-        thread = threading.Thread(target=_save, args=(model, path, key), name=f"via-sd-keep-{path.parent.name}")
-        thread.start()
-        _KEEPING.append(thread)
-    else:
-        _save(model, path, key)
+    _save(model, path, key)
     return model
+
+
+def build_folder(folder, weights: str, options: dict) -> nn.Module:
+    """A cache folder's model (its GGUF, embedded.py) in `weights` with build_model's `options`."""
+    from transformers import AutoConfig
+
+    from .build import build_model
+    from .gguf_pack import Entries
+
+    config = AutoConfig.from_pretrained(str(folder))
+    return build_model(config, Entries.from_folder(folder, config), weights, **options)
+
+
+def to_build(jobs) -> list[tuple[Path, str, dict]]:
+    """The (folder, weights, options) of `jobs` whose int4 model is kept nowhere yet (a first start)."""
+    return [(Path(f), w, o) for f, w, o in jobs
+            if w == "int4" and (key := built_key(Path(f), w, o)) is not None and not built_path(Path(f), key).is_file()]
+
+
+def build_apart(jobs) -> None:
+    """Builds and keeps each (folder, weights, options) model of `jobs` in a child process of its own, all at once, and
+    returns when all have ended. A process that serves the page built the same models 1.5-2x slower than a clean one
+    (3.1 M page faults against 0.7 M, BENCHMARKS.md 2026-12-04), and two children use both cores. A child that fails
+    keeps nothing and says why in the log: `built_model` then builds in this process, as it always did."""
+    import subprocess
+    import sys
+
+    children = []
+    try:
+        for folder, weights, options in jobs:
+            err = tempfile.TemporaryFile()
+            children.append((folder, err, subprocess.Popen(
+                [sys.executable, "-m", "via_sd.weights.built", str(folder), weights, json.dumps(options)],
+                cwd=SOURCES.parents[1], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err)))
+        for folder, err, child in children:
+            if child.wait():
+                err.seek(0)
+                log.warning("building %s in a child process failed (exit %s): %s; building it here", Path(folder).name,
+                            child.returncode, err.read().decode(errors="replace").strip()[-600:])
+    finally:
+        for _, err, child in children:
+            if child.poll() is None:  # this process was stopped: its children go too
+                child.terminate()
+                child.wait()
+            err.close()
+
+
+def _build_and_keep(folder: str, weights: str, options: dict) -> None:
+    key = built_key(Path(folder), weights, options)
+    if key is None:
+        raise SystemExit(f"{folder} holds no verified GGUF (READY.json)")
+    start = time.perf_counter()
+    model = build_folder(folder, weights, options)
+    log.info("built %s in %.1f s", Path(folder).name, time.perf_counter() - start)
+    _save(model, built_path(Path(folder), key), key)
+
+
+if __name__ == "__main__":  # a child of build_apart: python -m via_sd.weights.built FOLDER WEIGHTS OPTIONS_JSON
+    import sys
+
+    logging.basicConfig(level=logging.WARNING)
+    _build_and_keep(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]))

@@ -70,7 +70,11 @@ class GgufFile:
         return {t.name for t in self.tensors}
 
     def _unpack(self, fmt: str) -> tuple:
-        values = struct.unpack_from(fmt, self.blob, self._pos)
+        try:
+            values = struct.unpack_from(fmt, self.blob, self._pos)
+        except struct.error:
+            raise ValueError(f"{self.path} ends inside its header, at byte {self._pos} of {len(self.blob)} "
+                             "(a truncated download?)") from None
         self._pos += struct.calcsize(fmt)
         return values
 
