@@ -189,9 +189,10 @@ def to_build(jobs) -> list[tuple[Path, str, dict]]:
 
 def build_apart(jobs) -> None:
     """Builds and keeps each (folder, weights, options) model of `jobs` in a child process of its own, all at once, and
-    returns when all have ended. A process that serves the page built the same models 1.5-2x slower than a clean one
-    (3.1 M page faults against 0.7 M, BENCHMARKS.md 2026-12-04), and two children use both cores. A child that fails
-    keeps nothing and says why in the log: `built_model` then builds in this process, as it always did."""
+    returns when all have ended. Two children use both cores, and neither has the app's fixed mmap threshold
+    (studio/memory.py: every block of 128 KiB or more its own mapping), under which the app built the same models
+    1.5-2x slower (3.1 M page faults against 0.7 M; BENCHMARKS.md, 2026-12-04). A child that fails keeps nothing and
+    says why in the log: `built_model` then builds in this process, as it always did."""
     import subprocess
     import sys
 
