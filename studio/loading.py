@@ -39,7 +39,7 @@ _STEP_OF = ((UNPACK, ("joining part", "sha256", "unpacking the gguf", "its confi
             (MEASURE, ("measuring the cost profile",)),
             (WARM, ("warming up",)))
 # a server path (absolute or ~), and the "at"/"in" that leads to it; hub ids such as Qwen/Qwen2.5 are not paths
-_PATH = re.compile(r"(?:\s+(?:at|in|to|from))?\s*(?<![\w.-])(?:~|/)\S*")
+_PATH = re.compile(r"(?:\s+(?:at|in|to|from))?\s*\(?(?<![\w.-])(?:~|/)\S*")  # "(/a/b.py)" goes whole
 
 
 def step_of(message: str) -> Step | None:

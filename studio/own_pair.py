@@ -29,6 +29,7 @@ from .downloads import DOWNLOADS, write_atomic
 from .engine import how_made, route_for
 from .gpu import gpu
 from .inputs import MAX_NAME_CHARS, UserError, refuse, shown
+from .loading import without_paths
 from .models import LOCK_REASON, MODELS, OWN, preset_choices, preset_locked
 from .runs import stop_work
 from .sessions import SESSIONS
@@ -81,7 +82,7 @@ def refusal(drafter: str, verifier: str) -> str | None:
     try:
         tokenizers = [load_tokenizer(drafter), load_tokenizer(verifier)]
     except Exception as err:
-        return f"could not read a tokenizer: {type(err).__name__}: {str(err)[:300]}"
+        return f"could not read a tokenizer: {type(err).__name__}: {without_paths(str(err))[:300]}"
     difference = tokenizer_difference(*tokenizers)
     return f"drafter and verifier do not share a tokenizer: {difference}" if difference else None
 

@@ -92,6 +92,9 @@ def test_no_server_path_reaches_the_page(embedded_load_replayed):
         assert "/home" not in status and ".cache" not in status and "embedded:" not in status, status
     assert without_paths("Qwen2.5: ready at /root/.cache/via-sd/x") == "Qwen2.5: ready"
     assert without_paths("fetching Qwen/Qwen2.5-0.5B from ~/models/q") == "fetching Qwen/Qwen2.5-0.5B"
+    assert without_paths("cannot import name 'AutoTokenizer' from 'transformers' "
+                         "(/srv/.venv/lib/python3.11/site-packages/transformers/__init__.py)") == \
+        "cannot import name 'AutoTokenizer' from 'transformers'"  # the own pair's refusal once showed that path
 
 
 def test_an_earlier_steps_echo_leaves_the_bar_alone():

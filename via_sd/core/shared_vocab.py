@@ -9,6 +9,7 @@ alone, so a mismatched pair is refused in seconds with nothing loaded.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 
@@ -17,10 +18,24 @@ PROBES = ["Hello, world! 123", "def f(x):\n    return x * 2", "Résumé: naïve 
 SHOWN = 3  # examples named per difference
 
 
+def _auto_tokenizer():
+    """transformers' AutoTokenizer. Its first import can fail while another thread is importing transformers' modules
+    (the app's load thread while a visitor's own pair is checked): Python hands one of two threads that import each
+    other's modules a partly made module, and a full suite saw "cannot import name 'AutoTokenizer'" refuse the own
+    pair twice in five runs. That failure passes once the other import is done, so it is tried again (3 times)."""
+    for attempt in range(3):
+        try:
+            from transformers import AutoTokenizer
+            return AutoTokenizer
+        except ImportError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+
+
 def load_tokenizer(source: str):
     """The tokenizer of a hub id, a saved model folder or a .gguf file (never remote code)."""
-    from transformers import AutoTokenizer
-
+    AutoTokenizer = _auto_tokenizer()
     if source.endswith(".gguf"):
         from ..weights.gguf_pack import gguf_tokenizer
 
