@@ -131,7 +131,8 @@ def _load_model(source: str, dtype: torch.dtype, device: torch.device, spread: b
     `exact_top1`: see build.build_model (True for a verifier, False for a drafter)."""
     from transformers import AutoModelForCausalLM
 
-    from ..weights.gguf_pack import MODEL_FILE, Entries, build_model, gguf_config
+    from ..weights.gguf_pack import Entries, build_model, gguf_config
+    from ..weights.paths import MODEL_FILE
     from ..weights.settings import apply_weights
 
     if Path(source, MODEL_FILE).is_file() and Path(source, "config.json").is_file():  # a cache folder (embedded.py)
@@ -258,13 +259,13 @@ def load_pair(preset: str | None = None, *, drafter: str | None = None, verifier
         _batch_invariant(weights, v_model, d_model)
         n = v_model.config.num_hidden_layers
         slim = SlimVerifier(v_model, unrouted(n) if route is None and preset is None else resolve_route(route, n))
-    except BaseException as err:
+    except Exception as err:
         models.clear()  # nothing half-loaded stays in memory
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        if not isinstance(err, Exception) or isinstance(err, (ValueError, ModelLoadError)):
-            raise  # a stop (KeyboardInterrupt) or an error that already names what is wrong
+        if isinstance(err, (ValueError, ModelLoadError)):
+            raise
         raise ModelLoadError(f"could not load the pair {drafter!r} -> {verifier!r}: {err}") from err
     names = {"embedded:drafter": "Qwen2.5-Coder-0.5B-Instruct (embedded)",
              "embedded:verifier": "Qwen2.5-Coder-1.5B-Instruct (embedded)"}

@@ -13,9 +13,8 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 import numpy as np
+import torch
 
 from .fused import fuse_linears
 from .gguf_codes import decompose

@@ -217,13 +217,9 @@ def build_apart(jobs) -> None:
 
 
 def _build_and_keep(folder: str, weights: str, options: dict) -> None:
-    key = built_key(Path(folder), weights, options)
-    if key is None:
+    if built_key(Path(folder), weights, options) is None:
         raise SystemExit(f"{folder} holds no verified GGUF (READY.json)")
-    start = time.perf_counter()
-    model = build_folder(folder, weights, options)
-    log.info("built %s in %.1f s", Path(folder).name, time.perf_counter() - start)
-    _save(model, built_path(Path(folder), key), key)
+    built_model(folder, weights, options, lambda: build_folder(folder, weights, options))
 
 
 if __name__ == "__main__":  # a child of build_apart: python -m via_sd.weights.built FOLDER WEIGHTS OPTIONS_JSON

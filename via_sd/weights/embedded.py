@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .paths import cache_root
+from .paths import MODEL_FILE, cache_root
 from .wheels import EmbeddedModelError, EmbeddedSpec, Progress, assemble, part_files, wheel_versions
 
 __all__ = ["EmbeddedModelError", "EmbeddedSpec", "SPECS", "embedded_gguf_paths", "embedded_model_dirs",
@@ -36,7 +36,6 @@ EMBEDDED_DRAFTER = "Qwen2.5-Coder-0.5B-Instruct"
 EMBEDDED_VERIFIER = "Qwen2.5-Coder-1.5B-Instruct"
 
 READY = "READY.json"
-MODEL_FILE = "model.gguf"
 NEEDED = ("config.json", "generation_config.json", MODEL_FILE, "tokenizer.json", "tokenizer_config.json")
 FORMAT = 3  # bump when the cached folder's layout or contents change: old caches then rebuild
 IM_END, ENDOFTEXT = 151645, 151643  # Qwen2.5 instruct: a reply ends with <|im_end|>, a document with <|endoftext|>
@@ -116,7 +115,8 @@ def _check_converted(spec: EmbeddedSpec, out: Path, gguf_tokenizer, progress: Pr
     if config.model_type != "qwen2" or getattr(config, "quantization_config", None) is not None:
         fail(f"model_type={config.model_type!r}, quantization_config={getattr(config, 'quantization_config', None)}")
     gguf = out / MODEL_FILE
-    entries, file = Entries.from_gguf(gguf, config), GgufFile(gguf)
+    file = GgufFile(gguf)
+    entries = Entries.from_gguf(gguf, config, file)
     # These GGUFs carry their own (finer-quantized) output.weight, so the head is untied.
     if config.tie_word_embeddings == ("lm_head.weight" in entries.keys()):
         fail(f"tie_word_embeddings={config.tie_word_embeddings} but lm_head.weight saved: {'lm_head.weight' in entries.keys()}")

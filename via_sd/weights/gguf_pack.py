@@ -18,9 +18,9 @@ import torch
 
 from .gguf_codes import DECOMPOSE, FLOAT_TYPES, SUPPORTED, Codes, UnsupportedTensorType, decompose  # noqa: F401
 from .gguf_file import GgufFile, TensorEntry
+from .paths import MODEL_FILE
 from .build import build_model  # noqa: F401
 
-MODEL_FILE = "model.gguf"  # the GGUF in a cache folder, beside its config.json and tokenizer (embedded.py)
 _NAMES: dict = {}  # (architecture, config) -> transformers' tensor name map (_hf_names)
 PLAIN = ("llama", "qwen2", "qwen3")  # architectures whose GGUF config transformers builds by renaming keys alone
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+MODEL_FILE = "model.gguf"  # the GGUF in a cache folder, beside its config.json and tokenizer (embedded.py)
 PERSISTENT = Path("/data")  # a Hugging Face Space's persistent storage, when the Space has it
 
 
