@@ -60,18 +60,37 @@ def read_bandwidth(size: int = 1 << 30) -> float | None:
     return size / best_of(lambda: kernel.stream_read(big, wide)) / 1e9
 
 
-def roofline(size: int = 1 << 30) -> tuple[list[str], float | None]:
-    bandwidth = read_bandwidth(size)
+def dot_peak(rounds: int = 20_000_000) -> float | None:
+    """Byte products a second (int8 x uint8 multiply-adds) of the kernel's dot-product instruction on every thread,
+    from registers (bandwidth.cpp), best of 5; None without the kernel."""
+    kernel = lowbit_kernel.module()
+    if kernel is None or lowbit_kernel.isa() == 0:  # the generic path has no vector instruction to probe
+        return None
+    vnni = lowbit_kernel.isa() == 2
+    products = kernel.dot_peak(rounds, vnni)
+    return products / best_of(lambda: kernel.dot_peak(rounds, vnni))
+
+
+def roofline(size: int = 1 << 30) -> tuple[list[str], float | None, float | None]:
+    bandwidth, peak = read_bandwidth(size), dot_peak()
     a = torch.randn(1024, 1024)
     fp32 = 2 * 1024 ** 3 / best_of(lambda: a @ a) / 1e9
     read = f"{bandwidth:.1f} GB/s" if bandwidth else "not measured (no kernel)"
+    dots = f"{peak / 1e9:.0f} G products/s" if peak else "not measured (no kernel)"
     lines = [f"| memory read, {torch.get_num_threads()} threads (vector loads over {size >> 20} MiB, bandwidth.cpp) | {read} |",
+             f"| int8 dot products, {torch.get_num_threads()} threads, from registers ({ISA_NAMES.get(lowbit_kernel.isa(), '-')}, "
+             f"bandwidth.cpp) | {dots} |",
              f"| fp32 matmul 1024^3 (torch) | {fp32:.0f} GFLOP/s |"]
     if lowbit_kernel.available():
         layer, x = Int4Linear.from_float(torch.randn(1536, 1536) * 0.05), torch.randn(64, 1536)
         ops = 2 * 64 * 1536 * 1536 / best_of(lambda: layer(x)) / 1e9
         lines.append(f"| int4 x int8 kernel, 64 rows on a cache-resident 1536x1536 | {ops:.0f} GOP/s |")
-    return ["| limit | measured |", "|---|---|", *lines], bandwidth
+    return ["| limit | measured |", "|---|---|", *lines], bandwidth, peak
+
+
+def weights_per_row(model) -> int:
+    """Weights a row multiplies in one pass of `model`: every low-bit linear's in x out (the head's included)."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, (Int4Linear, Int6Linear, Int8Linear)))
 
 
 def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
@@ -99,6 +118,7 @@ def linear_rows(n: int, k: int, rows: list[int], copies: int = 24) -> list[str]:
 ATTENTION = "attention (norm, rope, cache, fixed-order attention)"  # transformers' forward, torch's kernels
 REST = "everything else (embedding, final norm, Python)"
 KIND_NAMES = {code: name for name, code in lowbit_kernel.KINDS.items()}
+ISA_NAMES = {2: "AVX-512 VNNI", 1: "AVX2"}
 
 
 def shape(linears) -> str:
@@ -262,12 +282,13 @@ def main(argv=None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}\n")
-    table, bandwidth = roofline(args.bandwidth_mib << 20)
+    table, bandwidth, peak = roofline(args.bandwidth_mib << 20)
     print("\n".join(table) + "\n")
     if args.linear:
         print("\n".join(linear_rows(*map(int, args.linear.split("x")), rows)) + "\n")
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
+    per_row = weights_per_row(pair.verifier)
     print("\n".join(step_breakdown(pair, args.steps, bandwidth)) + "\n")
     if args.compare_forward:
         print(forward_ab(pair, args.steps) + "\n")
@@ -278,11 +299,17 @@ def main(argv=None) -> int:
     if not args.no_torch:
         with lowbit_kernel.off():
             theirs = verify_curve(load_pair(args.preset, weights="int4"), args.context, rows)
-    print("| k | verify(k), ours | V(k), ours | verify(k), torch's kernel | V(k), torch's |")
-    print("|---|---|---|---|---|")
+    # The floor: verify(1) plus each further row's products at the instruction's peak, nothing else (no attention,
+    # no quantization, no scaling): no kernel on this machine verifies k rows in less.
+    row_ms = per_row / peak * 1e3 if peak else None
+    print(f"a row multiplies {per_row / 1e9:.2f} G weights: at the dot-product peak "
+          + (f"{row_ms:.2f} ms a row" if row_ms else "(not measured)") + "\n")
+    print("| k | verify(k), ours | V(k), ours | V(k) floor (products at peak) | verify(k), torch's kernel | V(k), torch's |")
+    print("|---|---|---|---|---|---|")
     for k in rows:
         torch_cells = f"{theirs[k] * 1e3:.1f} ms | {theirs[k] / theirs[rows[0]]:.2f}" if theirs else "not run | "
-        print(f"| {k} | {ours[k] * 1e3:.1f} ms | {ours[k] / ours[rows[0]]:.2f} | {torch_cells} |")
+        floor = f"{1 + (k - rows[0]) * row_ms / (ours[rows[0]] * 1e3):.2f}" if row_ms else ""
+        print(f"| {k} | {ours[k] * 1e3:.1f} ms | {ours[k] / ours[rows[0]]:.2f} | {floor} | {torch_cells} |")
     return 0
 
 

@@ -117,6 +117,7 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
                         "--linear", "64x96", "--bandwidth-mib", "64"]) == 0
     out = capsys.readouterr().out
     assert "| memory read, " in out and "MiB, bandwidth.cpp) | " in out and "| low-bit linears |" in out
+    assert "| int8 dot products, " in out and "G products/s |" in out and "V(k) floor (products at peak)" in out
     assert "GOP/s" in out and "| attention sub-layer: int4 " in out and "| MLP sub-layer: int4 " in out
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out
@@ -132,6 +133,14 @@ def test_the_bandwidth_probe_reads_every_byte_of_every_threads_share():
             buffer[at] = 0x10
             assert kernel.stream_read(buffer, wide) != 0, (wide, at)
             buffer[at] = 0
+
+
+def test_the_dot_product_probe_counts_the_products_of_every_thread():
+    """bandwidth.cpp's dot_peak: twelve chains of the kernel's product instruction a round on each thread (64 byte
+    products for AVX-512 VNNI, 32 for AVX2's three-instruction product): products / seconds is the peak."""
+    kernel, threads = lowbit_kernel.module(), torch.get_num_threads()
+    for vnni in [False, True][: lowbit_kernel.isa()]:
+        assert kernel.dot_peak(1000, vnni) == threads * 1000 * 12 * (64 if vnni else 32)
 
 
 def test_a_call_too_large_for_the_kept_buffer_gives_each_row_its_own_bits():

@@ -719,6 +719,7 @@ at::Tensor mlp_sublayer(at::Tensor h, at::Tensor norm, double eps, const Linears
 
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale, int64_t isa);  // attention.cpp
 int64_t stream_read(at::Tensor buffer, bool wide);  // bandwidth.cpp
+int64_t dot_peak(int64_t n, bool vnni);  // bandwidth.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
@@ -735,5 +736,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention_sublayer", &attention_sublayer, "a decoder layer's attention sub-layer in one call");
   m.def("mlp_sublayer", &mlp_sublayer, "a decoder layer's MLP sub-layer in one call");
   m.def("stream_read", &stream_read, "reads a uint8 buffer once on every thread's share (the memory bandwidth probe)");
+  m.def("dot_peak", &dot_peak, "runs the integer dot-product chains on every thread; returns the byte products made");
   m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");
 }
