@@ -2,8 +2,9 @@
 
 Prints, for the pair's verifier in int4 weights:
   1. the machine's roofline: memory read bandwidth (every thread streaming its share of a 1 GiB buffer through
-     vector loads, as a memory benchmark reads: bandwidth.cpp), the low-bit kernel's integer peak on a
-     cache-resident layer, torch's fp32 matmul peak;
+     vector loads, as a memory benchmark reads: bandwidth.cpp), the peak of the dot-product instruction the
+     kernel multiplies with (from registers, every thread), the low-bit kernel's own rate on a cache-resident
+     layer, torch's fp32 matmul peak;
   2. one-token decoding steps after a prompt, run as the decoders run them (core.cached.model_cache: the lean forward
      on the kernel), by part: each low-bit linear shape (calls, ms a call, the bytes it reads, the rate it reads
      them at and its share of the bandwidth), attention (rope, cache writes, attention), the head's exact
@@ -11,7 +12,8 @@ Prints, for the pair's verifier in int4 weights:
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
   4. with `--compare-forward`, one-token steps through the lean forward and through transformers' forward (the
      verifier's forward before issue #39), in alternating blocks;
-  5. a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
+  5. where a pass's products (its rows at the dot-product peak) outweigh its reads (its weights at the bandwidth);
+     a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
      kernel, then for torch's (the pair built again with lowbit_kernel.off()).
 
     .venv/bin/python scripts/kernel_breakdown.py                 # the embedded pair (a few minutes)
@@ -196,7 +198,8 @@ class PartTimer:
         self.totals.clear(), self.calls.clear()
 
 
-def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
+def step_breakdown(pair, steps: int, bandwidth: float | None) -> tuple[list[str], float]:
+    """The step's table, and the bytes of weights a step reads."""
     seq = pair.encode("Write a function that merges two sorted lists, and explain it.")
     cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")
     timer = PartTimer(pair.verifier, cached)
@@ -225,7 +228,7 @@ def step_breakdown(pair, steps: int, bandwidth: float | None) -> list[str]:
                 f"{kernel_bytes / kernel_s / 1e9:.1f} | {share(kernel_bytes / kernel_s / 1e9)} |")
     rows.append(f"| **one step** | | **{total * 1e3:.1f}** | 100% | | {kernel_bytes / 1e6:.0f} (weights) | "
                 f"{kernel_bytes / total / 1e9:.1f} | {share(kernel_bytes / total / 1e9)} |")
-    return rows
+    return rows, kernel_bytes
 
 
 def forward_ab(pair, steps: int, blocks: int = 6) -> str:
@@ -289,7 +292,8 @@ def main(argv=None) -> int:
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
     per_row = weights_per_row(pair.verifier)
-    print("\n".join(step_breakdown(pair, args.steps, bandwidth)) + "\n")
+    table, step_bytes = step_breakdown(pair, args.steps, bandwidth)
+    print("\n".join(table) + "\n")
     if args.compare_forward:
         print(forward_ab(pair, args.steps) + "\n")
     ours = verify_curve(pair, args.context, rows)
@@ -299,17 +303,19 @@ def main(argv=None) -> int:
     if not args.no_torch:
         with lowbit_kernel.off():
             theirs = verify_curve(load_pair(args.preset, weights="int4"), args.context, rows)
-    # The floor: verify(1) plus each further row's products at the instruction's peak, nothing else (no attention,
-    # no quantization, no scaling): no kernel on this machine verifies k rows in less.
-    row_ms = per_row / peak * 1e3 if peak else None
-    print(f"a row multiplies {per_row / 1e9:.2f} G weights: at the dot-product peak "
-          + (f"{row_ms:.2f} ms a row" if row_ms else "(not measured)") + "\n")
-    print("| k | verify(k), ours | V(k), ours | V(k) floor (products at peak) | verify(k), torch's kernel | V(k), torch's |")
-    print("|---|---|---|---|---|---|")
+    # The roofline of a pass: its weights' bytes at the read bandwidth, its rows' products at the dot-product peak.
+    # Below the crossing a pass can cost what one row does (V(k) = 1 with reads and products overlapped); past it
+    # the products alone set the least a pass costs.
+    if peak and bandwidth:
+        row_ms, read_ms = per_row / peak * 1e3, step_bytes / bandwidth / 1e6
+        print(f"a row multiplies {per_row / 1e9:.2f} G weights: {row_ms:.2f} ms a row at the dot-product peak; a pass "
+              f"reads {step_bytes / 1e6:.0f} MB of weights: {read_ms:.1f} ms at the read bandwidth; the products outweigh "
+              f"the reads past k = {read_ms / row_ms:.1f} rows\n")
+    print("| k | verify(k), ours | V(k), ours | verify(k), torch's kernel | V(k), torch's |")
+    print("|---|---|---|---|---|")
     for k in rows:
         torch_cells = f"{theirs[k] * 1e3:.1f} ms | {theirs[k] / theirs[rows[0]]:.2f}" if theirs else "not run | "
-        floor = f"{1 + (k - rows[0]) * row_ms / (ours[rows[0]] * 1e3):.2f}" if row_ms else ""
-        print(f"| {k} | {ours[k] * 1e3:.1f} ms | {ours[k] / ours[rows[0]]:.2f} | {floor} | {torch_cells} |")
+        print(f"| {k} | {ours[k] * 1e3:.1f} ms | {ours[k] / ours[rows[0]]:.2f} | {torch_cells} |")
     return 0
 
 

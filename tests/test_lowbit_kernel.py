@@ -117,7 +117,7 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
                         "--linear", "64x96", "--bandwidth-mib", "64"]) == 0
     out = capsys.readouterr().out
     assert "| memory read, " in out and "MiB, bandwidth.cpp) | " in out and "| low-bit linears |" in out
-    assert "| int8 dot products, " in out and "G products/s |" in out and "V(k) floor (products at peak)" in out
+    assert "| int8 dot products, " in out and "G products/s |" in out and "the products outweigh the reads past k = " in out
     assert "GOP/s" in out and "| attention sub-layer: int4 " in out and "| MLP sub-layer: int4 " in out
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out
