@@ -88,12 +88,46 @@ AVX2_TARGET float dot_avx2(const float* q, const float* k, int64_t D) {
   return tree8(lane);
 }
 
-AVX2_TARGET void accumulate_avx2(float* acc, const float* v, float e, int64_t D) {
-  const __m256 ev = _mm256_set1_ps(e);
-  int64_t i = 0;
-  for (; i + 8 <= D; i += 8)
-    _mm256_storeu_ps(acc + i, _mm256_add_ps(_mm256_loadu_ps(acc + i), _mm256_mul_ps(ev, _mm256_loadu_ps(v + i))));
-  for (; i < D; ++i) acc[i] = acc[i] + e * v[i];
+// s[t] = dot8(q, k_t) * sc for the n keys k_t = k + t * stride: eight keys at a time, each in its own register with
+// dot_avx2's lanes and order (eight independent chains where one key's is a chain of D / 8 dependent adds), then
+// each key's tree8 through hadds: (l0 + l1, l2 + l3 | l4 + l5, l6 + l7), pairs of those, the two halves added.
+AVX2_TARGET void dots_avx2(const float* q, const float* k, int64_t stride, int64_t n, int64_t D, float sc, float* s) {
+  int64_t t = 0;
+  if (D % 8 == 0)
+    for (; t + 8 <= n; t += 8) {
+      __m256 acc[8];
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+      for (int64_t i = 0; i < D; i += 8) {
+        const __m256 qi = _mm256_loadu_ps(q + i);
+        for (int j = 0; j < 8; ++j)
+          acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qi, _mm256_loadu_ps(k + (t + j) * stride + i)));
+      }
+      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+      const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+      _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_set_m128(hi, lo), _mm256_set1_ps(sc)));
+    }
+  for (; t < n; ++t) s[t] = dot_avx2(q, k + t * stride, D) * sc;
+}
+
+// o[i] = e_0 * v_0[i] + e_1 * v_1[i] + ... in order of t (v_t = v + t * stride), from 0: each output its own chain,
+// 64 outputs at a time kept in registers over all the keys (no load and store of the sums per key).
+AVX2_TARGET void weighted_sum_avx2(const float* v, int64_t stride, const float* e, int64_t n, int64_t D, float* o) {
+  int64_t i0 = 0;
+  for (; i0 + 64 <= D; i0 += 64) {
+    __m256 acc[8];
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const __m256 et = _mm256_set1_ps(e[t]);
+      const float* vt = v + t * stride + i0;
+      for (int j = 0; j < 8; ++j) acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(et, _mm256_loadu_ps(vt + 8 * j)));
+    }
+    for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
+  }
+  std::fill(o + i0, o + D, 0.0f);
+  for (int64_t t = 0; t < n && i0 < D; ++t)
+    for (int64_t i = i0; i < D; ++i) o[i] = o[i] + e[t] * v[t * stride + i];
 }
 
 AVX2_TARGET __m256 exp8(__m256 x) {
@@ -144,16 +178,19 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double sca
     for (int64_t item = i0; item < i1; ++item) {
       const int64_t r = item % R, h = (item / R) % H, b = item / (R * H), kh = h / (H / KH), n = past + r + 1;
       const float* qr = Q.at(b, h, r);
-      for (int64_t t = 0; t < n; ++t) s[t] = (avx2 ? dot_avx2(qr, K.at(b, kh, t), D) : dot_generic(qr, K.at(b, kh, t), D)) * sc;
+      if (avx2) dots_avx2(qr, K.at(b, kh, 0), K.st, n, D, sc, s.data());
+      else for (int64_t t = 0; t < n; ++t) s[t] = dot_generic(qr, K.at(b, kh, t), D) * sc;
       float m = s[0];
       for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
       if (avx2) exp_avx2(s.data(), n, m); else exp_generic(s.data(), n, m);
       float z = 0.0f;
       for (int64_t t = 0; t < n; ++t) z = z + s[t];
       float* acc = o + ((b * R + r) * H + h) * D;
-      std::fill(acc, acc + D, 0.0f);
-      for (int64_t t = 0; t < n; ++t) {
-        if (avx2) accumulate_avx2(acc, V.at(b, kh, t), s[t], D); else accumulate_generic(acc, V.at(b, kh, t), s[t], D);
+      if (avx2) {
+        weighted_sum_avx2(V.at(b, kh, 0), V.st, s.data(), n, D, acc);
+      } else {
+        std::fill(acc, acc + D, 0.0f);
+        for (int64_t t = 0; t < n; ++t) accumulate_generic(acc, V.at(b, kh, t), s[t], D);
       }
       for (int64_t i = 0; i < D; ++i) acc[i] = acc[i] / z;
     }
