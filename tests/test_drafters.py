@@ -38,15 +38,21 @@ def test_prompt_lookup_proposes_what_followed_the_longest_first_match_and_nothin
     assert lookup([1, 2, 3, 1, 2], 3, 5) == ([3, 1, 2, 3, 1], 2)
 
 
-def paying_profile(monkeypatch, pair):
-    """Pins `pair`'s cost profile to one where speculation pays (V(k) = 1 + 0.1 (k - 1), a draft a tenth of a pass):
-    with gamma="auto" what a drafter drafts then follows the run's matches and acceptance, not the timings a busy
-    machine measured for a tiny model (two workers at once measured passes where lookup never paid)."""
-    from via_sd.core import profile
+def paying_profile():
+    """A cost profile where speculation pays: V(k) = 1 + 0.1 (k - 1), a draft a tenth of a pass."""
     from via_sd.cost.model import CostProfile
 
     rows = tuple(10.0 * (1.0 + 0.1 * k) for k in range(17))
-    pinned = CostProfile(rows, rows, rows, (1.0, 1.0, 1.0), source="pinned by the test")
+    return CostProfile(rows, rows, rows, (1.0, 1.0, 1.0), source="a test's: V(k) = 1 + 0.1 (k - 1)")
+
+
+def pin_paying_profile(monkeypatch, pair):
+    """Pins `pair`'s cost profile to `paying_profile()`: with gamma="auto" what a drafter drafts then follows the run's
+    matches and acceptance, not the timings a busy machine measured for a tiny model (two workers at once measured
+    passes where lookup never paid)."""
+    from via_sd.core import profile
+
+    pinned = paying_profile()
     monkeypatch.setitem(profile._MEASURED, profile.profile_path(profile.profile_key(pair)), pinned)
     assert pair.costs is pinned
 
@@ -55,7 +61,7 @@ def paying_profile(monkeypatch, pair):
 @pytest.mark.parametrize("gamma", [3, "auto"])
 def test_greedy_sd_equals_ar_with_every_drafter(tiny_pair, drafter, gamma, monkeypatch):
     if gamma == "auto":
-        paying_profile(monkeypatch, tiny_pair)
+        pin_paying_profile(monkeypatch, tiny_pair)
     ar = generate(tiny_pair, COPY, "ar", config(gamma=gamma))
     sd = generate(tiny_pair, COPY, "sd", config(gamma=gamma, drafter=drafter))
     assert sd.token_ids == ar.token_ids
@@ -212,10 +218,7 @@ def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_looku
 
     seq = [1, 2, 3, 4, 9, 1, 2, 3, 4, 9, 1, 2, 3, 4]  # after the prompt's end (index 4) the text copies itself
 
-    from via_sd.cost.model import CostProfile
-
-    rows = tuple(10.0 * (1.0 + 0.1 * k) for k in range(17))  # V(k) = 1 + 0.1 (k - 1)
-    profile = CostProfile(rows, rows, rows, (1.0, 1.0, 1.0))
+    profile = paying_profile()  # V(k) = 1 + 0.1 (k - 1)
     passes = script.replay(seq, 4, profile, fixed=3)
     assert passes["oracle"] <= min(passes["fixed-3"], passes["ours"])  # no policy spends fewer than the oracle
     assert max(passes["fixed-3"], passes["ours"]) < len(seq) - 5  # and both beat AR's one pass a token
