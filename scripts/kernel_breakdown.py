@@ -78,10 +78,10 @@ def roofline(size: int = 1 << 30) -> tuple[list[str], float | None, float | None
     a = torch.randn(1024, 1024)
     fp32 = 2 * 1024 ** 3 / best_of(lambda: a @ a) / 1e9
     read = f"{bandwidth:.1f} GB/s" if bandwidth else "not measured (no kernel)"
-    dots = f"{peak / 1e9:.0f} G products/s ({lowbit_kernel.ISAS[lowbit_kernel.isa()]})" if peak else \
-        "not measured (no kernel, or its generic path)"
+    dots = f"{peak / 1e9:.0f} G products/s" if peak else "not measured (no kernel, or its generic path)"
+    isa = f"{lowbit_kernel.ISAS[lowbit_kernel.isa()]}, " if peak else ""  # isa() raises without a kernel
     lines = [f"| memory read, {torch.get_num_threads()} threads (vector loads over {size >> 20} MiB, bandwidth.cpp) | {read} |",
-             f"| int8 dot products, {torch.get_num_threads()} threads, from registers (bandwidth.cpp) | {dots} |",
+             f"| int8 dot products, {torch.get_num_threads()} threads, from registers ({isa}bandwidth.cpp) | {dots} |",
              f"| fp32 matmul 1024^3 (torch) | {fp32:.0f} GFLOP/s |"]
     if lowbit_kernel.available():
         layer, x = Int4Linear.from_float(torch.randn(1536, 1536) * 0.05), torch.randn(64, 1536)
