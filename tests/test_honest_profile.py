@@ -101,7 +101,8 @@ def test_a_profile_written_as_the_shipped_prior_is_what_a_new_machine_prices_wit
 
 def test_a_correction_from_passes_measured_at_different_loads_prices_them_within_tolerance(tiny_pair, fresh_cache):
     """CI's shape: AR's 1-row passes ran while another job held a core (slow), SD's 4-row passes ran quiet, so the
-    medians per point fall with rows; smoothing them into a non-decreasing curve must not leave the curve off."""
+    medians per point fall with rows. Brought to one common load, the passes keep the profile's shape (no run timed
+    1 and 4 rows together) and the curve prices them within tolerance, non-decreasing."""
     from via_sd.cost.refine import TOLERANCE
 
     stale = scaled(profile_for(tiny_pair), 2.0, "off by 2x")
@@ -115,3 +116,32 @@ def test_a_correction_from_passes_measured_at_different_loads_prices_them_within
     assert n == 44 and abs(ratio - 1) <= TOLERANCE / 10, ratio
     assert list(corrected.verify_ms) == sorted(corrected.verify_ms), "more rows priced cheaper"
     assert not evidence.off(corrected)
+
+
+def test_passes_of_runs_at_different_loads_keep_the_slim_verifier_a_fraction_of_the_full_one():
+    """A Space's restarts: SD's run timed its verify(4) passes on a busy machine (1.4x), VIA-SD's run its slim(4)
+    passes on a quiet one. Corrected curve by curve, slim(4) came out at half of verify(4) where it costs 0.7 of it,
+    and VIA-SD was priced ahead of SD where it is not; corrected through each run's load, the fraction stays."""
+    from via_sd.cost.model import CostProfile
+
+    rows = range(1, 18)
+    truth = CostProfile(verify_ms=tuple(20.0 + 3 * k for k in rows), slim_ms=tuple(0.7 * (20.0 + 3 * k) for k in rows),
+                        resume_ms=tuple(0.4 * (20.0 + 3 * k) for k in rows), draft_ms=(6.0, 6.5, 7.0))
+    evidence = Evidence()
+    for run in range(3):
+        sd = [{"calls": [*({"model": "drafter", "rows": 1, "past": 40, "ms": 1.4 * 6.0} for _ in range(3)),
+                         {"model": "full", "rows": 4, "past": 40, "ms": 1.4 * truth.verify(4)}]} for _ in range(4)]
+        via = [{"calls": [*({"model": "drafter", "rows": 1, "past": 40, "ms": 6.0} for _ in range(3)),
+                          {"model": "slim", "rows": 4, "past": 40, "ms": truth.slim(4)},
+                          {"model": "full", "rows": 2, "past": 40, "resume": True, "ms": truth.resume(2)}]}
+               for _ in range(4)]
+        evidence.add_rounds(sd)
+        evidence.add_rounds(via)
+    stale = scaled(truth, 2.0, "off by 2x")
+    assert evidence.off(stale), "the 2x profile looked honest"
+    corrected = evidence.corrected(stale, "corrected")
+    assert corrected.slim(4) / corrected.verify(4) == pytest.approx(0.7, rel=0.05)
+    assert corrected.resume(2) / corrected.verify(2) == pytest.approx(0.4, rel=0.05)
+    assert truth.verify(4) <= corrected.verify(4) <= 1.4 * truth.verify(4), "not at a load the runs ran at"
+    assert corrected.draft(1) / corrected.verify(4) == pytest.approx(6.0 / truth.verify(4), rel=0.05)
+    assert not evidence.off(corrected), evidence.error(corrected)

@@ -2,14 +2,22 @@
 
 Every forward a run makes is in its trace with its rows and, since the engine times them, its milliseconds
 (`round["calls"][i]["ms"]`). `Evidence` keeps the latest of those per kind of pass (a verifier pass over k rows,
-a slim one, a resumed one, a drafter step, a prompt read); `error` says how far a profile's prices are from them
-(per curve: the median over calls of predicted / measured, so one pass stalled by other work moves nothing);
-`corrected` is the profile with every measured point replaced by the median of its recorded passes, and every
-point no run has hit yet scaled by its curve's median error; the curve made non-decreasing (more rows never cost
-less) and then scaled so its median prediction equals its passes again (smoothing points measured at different
-loads, e.g. AR's 1-row passes slow and SD's 4-row passes quick, must not leave the curve off). `keep_honest` corrects
-a profile only when some curve is off by more than `TOLERANCE`: a profile that prices runs well stays as it is,
-so gamma="auto" does not chase noise. Pure Python, as model.py.
+a slim one, a resumed one, a drafter step, a prompt read) with the run that made it.
+
+Runs are timed at different loads (a Space's other visitors, a second job, a VM that drifts), and a profile's
+worth is in the ratios of its prices: slim(k) against verify(k) decides whether VIA-SD's rounds pay. So passes are
+compared only through their run: each run's *load* is how much slower than the profile its passes ran (the median
+over its kinds of pass, each kind's own median of measured / predicted, so neither the many drafter steps nor one
+stalled pass decide it), and every pass is first brought to the *common load*, the median of the runs' loads. A
+kind of pass no run timed next to others then keeps the profile's shape and takes the common level; SD's verify(3)
+timed on a busy machine and VIA-SD's slim(3) timed on a quiet one no longer make the slim verifier look cheap.
+
+`error` says how far a profile's prices are from those passes (per curve: the median over calls of predicted /
+measured at the common load); `corrected` is the profile with every point that at least AT_LEAST passes hit
+replaced by their median, every other point scaled by its curve's median error (a curve no run hit: by the
+common level), the curve made non-decreasing (more rows never cost less) and scaled so its median prediction
+equals its passes again. `keep_honest` corrects a profile only when some curve is off by more than `TOLERANCE`:
+a profile that prices runs well stays as it is, so gamma="auto" does not chase noise. Pure Python, as model.py.
 """
 
 from __future__ import annotations
@@ -39,17 +47,18 @@ def kind_of(call: dict) -> tuple[str, object] | None:
 
 
 class Evidence:
-    """The latest recorded passes with their milliseconds, per (curve, point)."""
+    """The latest recorded passes with their milliseconds and their run, per (curve, point)."""
 
     def __init__(self, window: int = WINDOW):
         self.window = window
-        self.passes: dict = {}  # (curve, point) -> deque of (call, ms)
+        self.passes: dict = {}  # (curve, point) -> deque of (call, ms, run)
         self.runs = 0
 
     def add_rounds(self, rounds: list[dict], drafter: bool = True) -> int:
-        """The timed calls of one run's rounds; `drafter` False leaves its drafter steps out (a lookup or an
-        early exit drafts at another price than the profile's model drafter). Returns how many it took."""
-        taken = 0
+        """The timed calls of one run's rounds (one method's decode: its passes share a load); `drafter` False
+        leaves its drafter steps out (a lookup or an early exit drafts at another price than the profile's model
+        drafter). Returns how many it took."""
+        taken, run = 0, self.runs
         for rnd in rounds:
             for call in rnd.get("calls") or ():
                 ms = call.get("ms")
@@ -58,16 +67,35 @@ class Evidence:
                     continue
                 if kind[0] == "draft_ms" and not drafter:
                     continue
-                self.passes.setdefault(kind, deque(maxlen=self.window)).append((call, float(ms)))
+                self.passes.setdefault(kind, deque(maxlen=self.window)).append((call, float(ms), run))
                 taken += 1
         self.runs += bool(taken)
         return taken
 
-    def error(self, profile: CostProfile) -> dict[str, tuple[float, int]]:
-        """{curve: (median of predicted / measured over its recorded passes, how many)}; 1.0 is an honest curve."""
-        ratios: dict[str, list[float]] = {}
+    def loads(self, profile: CostProfile) -> tuple[dict, float]:
+        """({run: its load}, the common load): a run's load is the median over its kinds of pass of each kind's
+        median measured / predicted under `profile`; the common load is the median of the runs' loads."""
+        ratios: dict = {}  # run -> curve -> [measured / predicted]
         for (curve, _), passes in self.passes.items():
-            ratios.setdefault(curve, []).extend(call_ms(profile, call) / ms for call, ms in passes)
+            for call, ms, run in passes:
+                ratios.setdefault(run, {}).setdefault(curve, []).append(ms / call_ms(profile, call))
+        loads = {run: statistics.median(statistics.median(r) for r in kinds.values()) for run, kinds in ratios.items()}
+        return loads, statistics.median(loads.values()) if loads else 1.0
+
+    def leveled(self, profile: CostProfile) -> tuple[dict, float]:
+        """({(curve, point): [ms of each pass, brought to the common load]}, the common load)."""
+        loads, common = self.loads(profile)
+        return {kind: [ms * common / loads[run] for _, ms, run in passes]
+                for kind, passes in self.passes.items()}, common
+
+    def error(self, profile: CostProfile) -> dict[str, tuple[float, int]]:
+        """{curve: (median of predicted / measured over its recorded passes at the common load, how many)}; 1.0 is
+        an honest curve."""
+        leveled, _ = self.leveled(profile)
+        ratios: dict[str, list[float]] = {}
+        for kind, passes in self.passes.items():
+            ratios.setdefault(kind[0], []).extend(call_ms(profile, call) / ms
+                                                  for (call, _, _), ms in zip(passes, leveled[kind]))
         return {curve: (statistics.median(r), len(r)) for curve, r in ratios.items()}
 
     def off(self, profile: CostProfile, tolerance: float = TOLERANCE) -> dict[str, float]:
@@ -77,28 +105,31 @@ class Evidence:
     def corrected(self, profile: CostProfile, source: str) -> CostProfile:
         """`profile` re-fitted to the recorded passes (see the module's docstring), labelled `source`."""
         error = self.error(profile)
+        leveled, common = self.leveled(profile)
         fields = {}
         for curve in ("verify_ms", "slim_ms", "resume_ms", "draft_ms"):
-            scale = 1 / error[curve][0] if curve in error else 1.0
+            scale = 1 / error[curve][0] if curve in error else common
             values = []
             for k, old in enumerate(getattr(profile, curve), start=1):
-                passes = self.passes.get((curve, k), ())
-                values.append(statistics.median(ms for _, ms in passes) if len(passes) >= AT_LEAST else old * scale)
+                passes = leveled.get((curve, k), ())
+                values.append(statistics.median(passes) if len(passes) >= AT_LEAST else old * scale)
             fields[curve] = non_decreasing(values)
         fitted = replace(profile, **fields)
         for curve, (ratio, _) in self.error(fitted).items():
             if curve in fields:  # smoothing moved a curve's points: bring its median prediction back onto the passes
                 fields[curve] = tuple(v / ratio for v in fields[curve])
-        fields["prompt_ms"] = self._prompts(profile)
+        fields["prompt_ms"] = self._prompts(profile, leveled, common)
         return replace(profile, source=source, **fields)
 
-    def _prompts(self, profile: CostProfile) -> dict:
-        """Each model's prompt-read curve scaled by the median error of its own recorded reads."""
+    def _prompts(self, profile: CostProfile, leveled: dict, common: float) -> dict:
+        """Each model's prompt-read curve scaled by the median error of its own recorded reads (too few: by the
+        common level)."""
         out = {}
         for model, curve in profile.prompt_ms.items():
-            ratios = [call_ms(profile, call) / ms for (c, point), passes in self.passes.items()
-                      if c == "prompt" and point[0] == model for call, ms in passes]
-            scale = 1 / statistics.median(ratios) if len(ratios) >= AT_LEAST else 1.0
+            ratios = [call_ms(profile, call) / ms for kind, passes in self.passes.items()
+                      if kind[0] == "prompt" and kind[1][0] == model
+                      for (call, _, _), ms in zip(passes, leveled[kind])]
+            scale = 1 / statistics.median(ratios) if len(ratios) >= AT_LEAST else common
             out[model] = {n: v * scale for n, v in curve.items()}
         return out
 
