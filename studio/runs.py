@@ -29,6 +29,7 @@ FRAME_S = 1 / 15  # at most ~15 page updates a second: more than a browser shows
 MAX_PACE_MS = 2000.0
 GPU_GROUP = "gpu"  # app.py's concurrency id of model work (ON_MODEL)
 NOTHING_TO_STOP = "Nothing to stop"  # what Stop says when the session has no work queued or running
+QUEUED = "Queued: this run starts when the model work ahead of it ends …"  # the status until the run speaks
 
 
 def warn(message: str) -> None:
@@ -47,8 +48,8 @@ def panes(traces: dict, running: str | None = None, live: dict | None = None) ->
 
 def take_run_ticket(theme="light", request: gr.Request = None):
     """Run pressed (before the queue): this session's newer run supersedes its older one at once.
-    Returns (ticket, theme, race area: the last race is stale now)."""
-    return SESSIONS.get(request).ticket("run"), theme, page.RACE_HINT
+    Returns (ticket, theme, race area: the last race is stale now, status: queued until the run's first words)."""
+    return SESSIONS.get(request).ticket("run"), theme, page.RACE_HINT, page.status_html(QUEUED, "run")
 
 
 def request_rerun(rerun, request: gr.Request = None):

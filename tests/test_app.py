@@ -337,8 +337,8 @@ def session(name: str) -> SimpleNamespace:
 
 def test_stop_while_queued_stops_that_run_before_it_starts_and_no_other_session():
     a, b = session("queued-a"), session("queued-b")
-    ticket_a, _, _ = runs.take_run_ticket("light", a)  # Run pressed: the ticket is taken before the queue
-    ticket_b, _, _ = runs.take_run_ticket("light", b)
+    ticket_a, *_ = runs.take_run_ticket("light", a)  # Run pressed: the ticket is taken before the queue
+    ticket_b, *_ = runs.take_run_ticket("light", b)
     runs.stop_work(a)  # Stop pressed while a's run waits in the queue
     outs_a = list(runs.run_compare(*RUN_ARGS, ticket=ticket_a, request=a))
     assert len(outs_a) == 1 and "Stopped before it started" in outs_a[0][4]
@@ -350,7 +350,7 @@ def test_a_newer_run_of_the_session_supersedes_the_running_one():
     a = session("newer-a")
     first = runs.run_compare(*RUN_ARGS[:7], 512, *RUN_ARGS[8:], request=a)
     next(first), next(first)
-    ticket, _, _ = runs.take_run_ticket("light", a)  # Run pressed again while the first runs
+    ticket, *_ = runs.take_run_ticket("light", a)  # Run pressed again while the first runs
     last = list(first)[-1]
     assert 'data-kind="stop"' in last[4] and "newer run" in last[4]
     assert len(last[5]["via"].tokens) < 512 and "sd" not in last[5]

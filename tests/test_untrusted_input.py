@@ -255,14 +255,14 @@ def test_warning_toasts_escape_what_the_upload_carried(traces, tmp_path, monkeyp
 
 def test_a_stop_pressed_while_the_run_waits_in_the_queue_cancels_that_run():
     queued = request("queued-stop")
-    ticket, _, _ = runs.take_run_ticket("light", queued)  # what Run's queue=False step does before the queue
+    ticket, *_ = runs.take_run_ticket("light", queued)  # what Run's queue=False step does before the queue
     runs.stop_work(queued)  # Stop while it waits
     outs = list(runs.run_compare(*RUN_ARGS, ticket=ticket, request=queued))
     assert len(outs) == 1 and 'data-kind="stop"' in outs[0][4] and "before it started" in outs[0][4]
     assert outs[0][5] == gr.skip(), "the traces already shown are kept"
 
     later = request("queued-stop")  # the next run of the session is not touched by that earlier Stop
-    ticket, _, _ = runs.take_run_ticket("light", later)
+    ticket, *_ = runs.take_run_ticket("light", later)
     outs = list(runs.run_compare(*RUN_ARGS, ticket=ticket, request=later))
     assert 'data-kind="ok"' in outs[-1][4] and len(outs[-1][5]["via"].tokens) == 12
 

@@ -404,7 +404,7 @@ def test_stop_and_a_newer_run_end_exactly_this_sessions_work(browser, app_url):
     a.locator("#rerun-on-release input").check()
     release_slider(a, "accept", 0.7)  # release 1: a's first run
     a.wait_for_selector("#via-tokens .via-live")
-    b_before = b.locator("#sd-tokens").inner_html()  # the recorded run the page opened on
+    b_before = b.locator("#sd-tokens").inner_text()  # the recorded run the page opened on
     b.locator("#run").click()  # b's run queues behind a's (one run on the model at a time)
     b.locator("#stop").click()  # ... and b stops it while it waits
     release_slider(a, "accept", 0.85)  # release 2, during a's first run
@@ -416,7 +416,7 @@ def test_stop_and_a_newer_run_end_exactly_this_sessions_work(browser, app_url):
     replaced = next(i for i, s in enumerate(a_status) if "newer run" in s)
     assert not any(s.startswith("✓ Done") for s in a_status[:replaced]), "a's first run never finished"
     assert not any("Stopped before it started" in s for s in a_status), "b's Stop never reached a"
-    assert b.locator("#sd-tokens").inner_html() == b_before, "b's run never started: its panes are as they were"
+    assert b.locator("#sd-tokens").inner_text() == b_before, "b's run never started: its panes are as they were"
     assert a.locator("#sd-tokens .via-tok").count() == 48
     a.close()
     b.close()
