@@ -1,23 +1,26 @@
-"""Keeping a cost profile honest: the passes runs recorded correct it where its predictions part from them.
+"""Keeping a cost profile honest: the passes runs recorded correct its level when its prices part from them.
 
 Every forward a run makes is in its trace with its rows and, since the engine times them, its milliseconds
 (`round["calls"][i]["ms"]`). `Evidence` keeps the latest of those per kind of pass (a verifier pass over k rows,
 a slim one, a resumed one, a drafter step, a prompt read) with the run that made it.
 
-Runs are timed at different loads (a Space's other visitors, a second job, a VM that drifts), and a profile's
-worth is in the ratios of its prices: slim(k) against verify(k) decides whether VIA-SD's rounds pay. So passes are
-compared only through their run: each run's *load* is how much slower than the profile its passes ran (the median
-over its kinds of pass, each kind's own median of measured / predicted, so neither the many drafter steps nor one
-stalled pass decide it), and every pass is first brought to the *common load*, the median of the runs' loads. A
-kind of pass no run timed next to others then keeps the profile's shape and takes the common level; SD's verify(3)
-timed on a busy machine and VIA-SD's slim(3) timed on a quiet one no longer make the slim verifier look cheap.
+Runs are timed at different loads (a Space's other visitors, a browser on the same laptop drawing the page, a VM
+that drifts), so passes are compared only through their run: each run's *load* is how much slower than the profile
+its passes ran (the median over its kinds of pass, each kind's own median of measured / predicted, so neither the
+many drafter steps nor one stalled pass decide it; its one prompt read only when it has nothing else: a run's first
+pass pays for what the run's start does around it), and the profile's *level* is the median of the runs' loads.
 
-`error` says how far a profile's prices are from those passes (per curve: the median over calls of predicted /
-measured at the common load); `corrected` is the profile with every point that at least AT_LEAST passes hit
-replaced by their median, every other point scaled by its curve's median error (a curve no run hit: by the
-common level), the curve made non-decreasing (more rows never cost less) and scaled so its median prediction
-equals its passes again. `keep_honest` corrects a profile only when some curve is off by more than `TOLERANCE`:
-a profile that prices runs well stays as it is, so gamma="auto" does not chase noise. Pure Python, as model.py.
+A profile's shape (V(k), c = draft / verify, the slim and resumed passes as fractions of the full one) decides the
+predicted speed-ups and gamma="auto"; its level only the predicted milliseconds. The shape is measured with every
+pass timed together, five sweeps, at one moment (via_sd.core.profile.measure: at set-up, by `python -m via_sd
+profile --refresh`, or for a shipped prior); a few short runs re-fitting it made the predictions worse: replayed
+over the timed passes of 14 comparisons in the app, the speed-ups predicted with the shape kept were within 14% /
+12% (median worst error, a browser on the machine / a remote client), re-fitted point by point 15-27% / 20-22%,
+curve by curve 14-26% / 15-16% (BENCHMARKS.md, 2026-12-04 night). So runs correct the level (`corrected`: every
+price times the level) and report the shape (`error`: per curve, the median of predicted / measured over its passes,
+each brought to the level first), and `keep_honest` corrects a profile whose level is off by more than TOLERANCE,
+so that the page's predicted tokens/s follow the machine while gamma="auto" does not chase noise. Pure Python, as
+model.py.
 """
 
 from __future__ import annotations
@@ -28,10 +31,8 @@ from dataclasses import replace
 
 from .model import CostProfile, call_ms, reads_prompt
 
-TOLERANCE = 0.10  # a curve whose median prediction is off by more than this is corrected
+TOLERANCE = 0.10  # a level off by more than this is corrected
 WINDOW = 24       # passes kept per kind: the latest runs', so a machine that drifts is followed
-AT_LEAST = 3      # passes of one kind before that point is replaced by their median
-CURVES = ("verify_ms", "slim_ms", "resume_ms", "draft_ms", "prompt")
 
 
 def kind_of(call: dict) -> tuple[str, object] | None:
@@ -73,65 +74,37 @@ class Evidence:
         return taken
 
     def loads(self, profile: CostProfile) -> tuple[dict, float]:
-        """({run: its load}, the common load): a run's load is the median over its kinds of pass of each kind's
-        median measured / predicted under `profile`; the common load is the median of the runs' loads."""
+        """({run: its load}, the level): a run's load is the median over its kinds of pass of each kind's median
+        measured / predicted under `profile`; the level is the median of the runs' loads (1.0 with no passes)."""
         ratios: dict = {}  # run -> curve -> [measured / predicted]
         for (curve, _), passes in self.passes.items():
             for call, ms, run in passes:
                 ratios.setdefault(run, {}).setdefault(curve, []).append(ms / call_ms(profile, call))
-        loads = {run: statistics.median(statistics.median(r) for r in kinds.values()) for run, kinds in ratios.items()}
+        loads = {run: statistics.median(statistics.median(r) for c, r in kinds.items() if c != "prompt" or len(kinds) == 1)
+                 for run, kinds in ratios.items()}
         return loads, statistics.median(loads.values()) if loads else 1.0
 
-    def leveled(self, profile: CostProfile) -> tuple[dict, float]:
-        """({(curve, point): [ms of each pass, brought to the common load]}, the common load)."""
-        loads, common = self.loads(profile)
-        return {kind: [ms * common / loads[run] for _, ms, run in passes]
-                for kind, passes in self.passes.items()}, common
+    def level(self, profile: CostProfile) -> float:
+        """How much slower (> 1) or faster than `profile` the recorded runs ran: the median of their loads."""
+        return self.loads(profile)[1]
 
     def error(self, profile: CostProfile) -> dict[str, tuple[float, int]]:
-        """{curve: (median of predicted / measured over its recorded passes at the common load, how many)}; 1.0 is
-        an honest curve."""
-        leveled, _ = self.leveled(profile)
+        """{curve: (median of predicted / measured over its recorded passes, each brought from its run's load to the
+        level, how many)}: how far the profile's shape is from the runs' (1.0 everywhere: the runs' shape)."""
+        loads, level = self.loads(profile)
         ratios: dict[str, list[float]] = {}
-        for kind, passes in self.passes.items():
-            ratios.setdefault(kind[0], []).extend(call_ms(profile, call) / ms
-                                                  for (call, _, _), ms in zip(passes, leveled[kind]))
+        for (curve, _), passes in self.passes.items():
+            ratios.setdefault(curve, []).extend(call_ms(profile, call) * loads[run] / (ms * level)
+                                                for call, ms, run in passes)
         return {curve: (statistics.median(r), len(r)) for curve, r in ratios.items()}
 
-    def off(self, profile: CostProfile, tolerance: float = TOLERANCE) -> dict[str, float]:
-        """The curves whose prices part from the recorded passes by more than `tolerance`: {curve: ratio}."""
-        return {c: r for c, (r, n) in self.error(profile).items() if n >= AT_LEAST and abs(r - 1) > tolerance}
-
     def corrected(self, profile: CostProfile, source: str) -> CostProfile:
-        """`profile` re-fitted to the recorded passes (see the module's docstring), labelled `source`."""
-        error = self.error(profile)
-        leveled, common = self.leveled(profile)
-        fields = {}
-        for curve in ("verify_ms", "slim_ms", "resume_ms", "draft_ms"):
-            scale = 1 / error[curve][0] if curve in error else common
-            values = []
-            for k, old in enumerate(getattr(profile, curve), start=1):
-                passes = leveled.get((curve, k), ())
-                values.append(statistics.median(passes) if len(passes) >= AT_LEAST else old * scale)
-            fields[curve] = non_decreasing(values)
-        fitted = replace(profile, **fields)
-        for curve, (ratio, _) in self.error(fitted).items():
-            if curve in fields:  # smoothing moved a curve's points: bring its median prediction back onto the passes
-                fields[curve] = tuple(v / ratio for v in fields[curve])
-        fields["prompt_ms"] = self._prompts(profile, leveled, common)
-        return replace(profile, source=source, **fields)
-
-    def _prompts(self, profile: CostProfile, leveled: dict, common: float) -> dict:
-        """Each model's prompt-read curve scaled by the median error of its own recorded reads (too few: by the
-        common level)."""
-        out = {}
-        for model, curve in profile.prompt_ms.items():
-            ratios = [call_ms(profile, call) / ms for kind, passes in self.passes.items()
-                      if kind[0] == "prompt" and kind[1][0] == model
-                      for (call, _, _), ms in zip(passes, leveled[kind])]
-            scale = 1 / statistics.median(ratios) if len(ratios) >= AT_LEAST else common
-            out[model] = {n: v * scale for n, v in curve.items()}
-        return out
+        """`profile` at the runs' level (every price times it; its shape as measured), labelled `source`."""
+        level = self.level(profile)
+        times = lambda values: tuple(v * level for v in values)  # noqa: E731
+        return replace(profile, source=source, verify_ms=times(profile.verify_ms), slim_ms=times(profile.slim_ms),
+                       resume_ms=times(profile.resume_ms), draft_ms=times(profile.draft_ms),
+                       prompt_ms={m: {n: v * level for n, v in c.items()} for m, c in profile.prompt_ms.items()})
 
 
 def non_decreasing(values) -> tuple:
@@ -148,9 +121,9 @@ def non_decreasing(values) -> tuple:
 
 
 def keep_honest(profile: CostProfile, evidence: Evidence, origin: str) -> CostProfile:
-    """`profile`, or, when a curve parts from the recorded passes by more than TOLERANCE, the profile corrected from
-    them, its source saying so ("<origin>, corrected from the passes of N runs on this machine")."""
-    if not evidence.off(profile):
+    """`profile`, or, when the recorded runs' level parts from it by more than TOLERANCE, the profile at their level,
+    its source saying so ("<origin>, corrected from the passes of N runs on this machine")."""
+    if abs(evidence.level(profile) - 1) <= TOLERANCE:
         return profile
     return evidence.corrected(profile, f"{origin}, corrected from the passes of {evidence.runs} "
                                        f"run{'s' if evidence.runs != 1 else ''} on this machine")
