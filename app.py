@@ -38,10 +38,6 @@ PRESENTATION_JS = "(on) => { document.body.classList.toggle('presentation', !!on
 # the page's own steps are private: a client sees only the endpoints named for it (`public`)
 LIGHT = dict(concurrency_limit=8, show_progress="hidden", api_visibility="private")
 ON_MODEL = dict(concurrency_id=runs.GPU_GROUP, concurrency_limit=1)  # one piece of model work at a time
-# A run narrates itself (its panes stream tokens, the status line says what runs); Gradio's progress overlay on the
-# panes, its timer ticking in the browser, slowed the run's own passes by up to 1.7x where the browser shares the
-# machine (a classroom laptop; BENCHMARKS.md, 2026-12-04 night).
-RUN_PROGRESS = "hidden"
 
 
 def example_prompts() -> tuple[list[list[str]], list[str]]:
@@ -147,7 +143,7 @@ def wire_runs(ui: SimpleNamespace) -> None:
         after_run(trigger(runs.take_run_ticket, [ui.theme], [ui.run_ticket, ui.theme, ui.race_view, ui.status],
                           js=THEME_JS, queue=False, api_visibility="private").then(
             runs.run_compare, [*run_inputs(ui), ui.run_ticket, ui.drafter], run_outputs(ui),
-            show_progress=RUN_PROGRESS, preprocess=False, **endpoint, **ON_MODEL), ui)
+            show_progress=runs.PROGRESS, preprocess=False, **endpoint, **ON_MODEL), ui)
     ui.stop.click(runs.stop_work, None, ui.status, **public("stop", concurrency_limit=None, queue=False))
     ui.with_ar.change(lambda on: gr.HTML(visible=bool(on)), [ui.with_ar], [ui.ar_pane], api_visibility="private",
                       queue=False)
@@ -172,7 +168,7 @@ def wire_threshold_lab(ui: SimpleNamespace) -> None:
         after_run(slider.release(runs.request_rerun, [ui.rerun], [ui.run_ticket, ui.race_view],
                                  api_visibility="private", queue=False, trigger_mode="multiple").then(
             runs.rerun_on_release, [ui.rerun, *run_inputs(ui), ui.run_ticket, ui.drafter], run_outputs(ui),
-            api_visibility="private", trigger_mode="always_last", show_progress=RUN_PROGRESS, **ON_MODEL), ui)
+            api_visibility="private", trigger_mode="always_last", show_progress=runs.PROGRESS, **ON_MODEL), ui)
 
 
 def wire_race_and_projection(ui: SimpleNamespace) -> None:

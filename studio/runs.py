@@ -26,6 +26,9 @@ from .sessions import SESSIONS
 log = logging.getLogger("via_sd.app")
 METHODS = ("via", "sd", "ar")
 FRAME_S = 1 / 15  # at most ~15 page updates a second: more than a browser shows, fewer than a fast pair makes
+# A run narrates itself (its panes stream tokens, the status line says what runs): no Gradio progress overlay, whose
+# timer ticking in a browser on the same machine (a classroom laptop) slowed the run's own passes by up to 1.7x
+PROGRESS = "hidden"
 MAX_PACE_MS = 2000.0
 GPU_GROUP = "gpu"  # app.py's concurrency id of model work (ON_MODEL)
 NOTHING_TO_STOP = "Nothing to stop"  # what Stop says when the session has no work queued or running
