@@ -2,16 +2,18 @@
 prompt loader, its paired-and-rotated runs and its lock. (benchmarks.lookup_ceiling runs in test_drafters.py.)"""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from benchmarks import ab, code_path_cost, cost_targets, first_token, harness, memory, weights_passes
+from benchmarks import ab, code_path_cost, cost_targets, first_token, harness, memory, profile_replay, weights_passes
 
 ROOT = Path(__file__).resolve().parent.parent
-RUN_HERE = {"ab", "app_timings", "code_path_cost", "cost_targets", "first_token", "memory", "weights_passes"}
+RUN_HERE = {"ab", "app_timings", "code_path_cost", "cost_targets", "first_token", "memory", "profile_replay",
+            "weights_passes"}
 RUN_ELSEWHERE = {"lookup_ceiling": "tests/test_drafters.py", "kernel_fidelity": "tests/test_weights.py"}
 
 
@@ -134,3 +136,19 @@ def test_the_trace_parity_script_finds_equal_runs_equal_and_names_a_changed_fiel
     (tmp_path / "b" / "random.json").write_text(json.dumps(traces))
     assert parity.compare(tmp_path / "a", tmp_path / "b") == 1
     assert "random.json[1].rounds[0].gamma:" in capsys.readouterr().out
+
+
+def test_profile_replay_records_comparisons_and_prices_them_kept_and_corrected(tmp_path, capsys):
+    runs = tmp_path / "runs.json"
+    assert profile_replay.main(["--preset", "random", "--limit", "2", "--tokens", "8", "--record", str(runs)]) == 0
+    recorded = json.loads(runs.read_text())
+    assert len(recorded) == 2 and all([t["method"] for t in c] == ["via", "sd", "ar"] for c in recorded)
+    assert all("ms" in call for c in recorded for t in c for r in t["rounds"] for call in r["calls"])
+    capsys.readouterr()
+    assert profile_replay.main(["--replay", str(runs), str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "4 comparisons; start: " in out
+    for name in ("kept", "corrected"):
+        assert sum(line.startswith(name) for line in out.splitlines()) == 5, out  # a line a comparison, a summary
+        assert re.search(rf"^{name}: worst speed-up error per comparison, median \d+%; tokens/s error, median \d+%$",
+                         out, re.M), out
