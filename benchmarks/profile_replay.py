@@ -79,7 +79,7 @@ def main(argv=None) -> int:
         start = CostProfile.from_dict(start.get("profile", start))
     else:
         start = CostProfile.from_dict(comparisons[0][0]["costs"])
-    print(f"{len(comparisons)} comparisons; start: {start.source}; predicted / measured")
+    print(f"{len(comparisons)} comparisons; start: {args.profile or start.source}; predicted / measured")
     for name, rows in replay(comparisons, start).items():
         print(f"{name}: worst speed-up error per comparison, median {statistics.median(w for w, _ in rows):.0%}; "
               f"tokens/s error, median {statistics.median(e for _, errs in rows for e in errs):.0%}")
