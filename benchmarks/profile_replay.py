@@ -56,8 +56,7 @@ def replay(comparisons: list[list[dict]], start: CostProfile) -> dict:
                   f"  worst {worst:.0%}", flush=True)
             if name == "corrected":
                 for t in traces:
-                    evidence.add_rounds(t["rounds"], drafter=(t.get("models") or {}).get("drafter_kind", "model") ==
-                                        "model")
+                    evidence.add_run(t)
                 profile = keep_honest(profile, evidence, "replayed")
         out[name] = rows
     return out

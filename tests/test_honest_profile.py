@@ -24,14 +24,6 @@ def fresh_cache(tmp_path, monkeypatch):
     return tmp_path
 
 
-def scaled(p, factor: float, source: str):
-    times = lambda values: tuple(v * factor for v in values)  # noqa: E731
-    return dataclasses.replace(p, verify_ms=times(p.verify_ms), slim_ms=times(p.slim_ms),
-                               resume_ms=times(p.resume_ms), draft_ms=times(p.draft_ms),
-                               prompt_ms={m: {n: v * factor for n, v in c.items()} for m, c in p.prompt_ms.items()},
-                               source=source)
-
-
 def test_a_profile_off_by_2x_is_corrected_by_the_passes_of_a_few_runs(tiny_pair, fresh_cache):
     measured = profile_for(tiny_pair)  # measured here, now
     path = profile_path(profile_key(tiny_pair))
@@ -45,7 +37,7 @@ def test_a_profile_off_by_2x_is_corrected_by_the_passes_of_a_few_runs(tiny_pair,
     first = Evidence()
     for t in batch(99):
         first.add_rounds(t.rounds)
-    stale = scaled(measured, 2.0 * first.level(measured), "off by 2x")
+    stale = measured.times(2.0 * first.level(measured), "off by 2x")
     profile._MEASURED[path] = stale  # what a stale profile of a drifted machine would say
     evidence = Evidence()
     for seed in range(3):
@@ -77,7 +69,7 @@ def test_a_run_records_which_profile_priced_it_and_a_prior_spares_the_measuremen
     priors = fresh_cache / "priors"
     priors.mkdir()
     (priors / "tiny.json").write_text(json.dumps({"preset": "random", "profile": {
-        **scaled(stand_in, 1.3, "measured").to_dict(), "key": {**key, "device_name": "another CPU", "threads": 64}}}))
+        **stand_in.times(1.3, "measured").to_dict(), "key": {**key, "device_name": "another CPU", "threads": 64}}}))
     monkeypatch.setattr(profile, "PRIORS", priors)
     monkeypatch.setattr(profile, "_MEASURED", {})
     profile_path(key).unlink()
@@ -113,7 +105,7 @@ def test_a_correction_from_passes_measured_at_different_loads_prices_them_within
     medians per point fall with rows. Brought to one common load, the passes keep the profile's shape (no run timed
     1 and 4 rows together) and the curve prices them within tolerance, non-decreasing."""
 
-    stale = scaled(profile_for(tiny_pair), 2.0, "off by 2x")
+    stale = profile_for(tiny_pair).times(2.0, "off by 2x")
     evidence = Evidence()
     for i in range(24):
         evidence.add_rounds([{"calls": [{"model": "full", "rows": 1, "past": 20 + i, "ms": 9.0 + 0.01 * i}]}])
@@ -145,7 +137,7 @@ def test_passes_of_runs_at_different_loads_keep_the_slim_verifier_a_fraction_of_
                for _ in range(4)]
         evidence.add_rounds(sd)
         evidence.add_rounds(via)
-    stale = scaled(truth, 2.0, "off by 2x")
+    stale = truth.times(2.0, "off by 2x")
     assert evidence.level(stale) < 1 - TOLERANCE, "the 2x profile looked honest"
     corrected = evidence.corrected(stale, "corrected")
     assert corrected.slim(4) / corrected.verify(4) == pytest.approx(0.7, rel=0.05)

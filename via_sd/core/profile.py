@@ -179,9 +179,7 @@ def learn(pair, traces) -> CostProfile:
     with _lock:
         evidence = _EVIDENCE.setdefault(path, Evidence())
         for trace in traces:
-            rounds = trace["rounds"] if isinstance(trace, dict) else trace.rounds
-            models = (trace.get("models") if isinstance(trace, dict) else trace.models) or {}
-            evidence.add_rounds(rounds, drafter=models.get("drafter_kind", "model") == "model")
+            evidence.add_run(trace)
         origin = current.source.split(", corrected from")[0]
         honest = keep_honest(current, evidence, origin)
         if honest is not current:

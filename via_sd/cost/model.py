@@ -84,6 +84,13 @@ class CostProfile:
     def s(self, k: int = 1) -> float:
         return self.slim(k) / self.verify(k)
 
+    def times(self, factor: float, source: str) -> "CostProfile":
+        """Every price times `factor` (the same shape at another level: a machine that runs slower or faster)."""
+        scale = lambda values: tuple(v * factor for v in values)  # noqa: E731
+        return replace(self, verify_ms=scale(self.verify_ms), slim_ms=scale(self.slim_ms),
+                       resume_ms=scale(self.resume_ms), draft_ms=scale(self.draft_ms), source=source,
+                       prompt_ms={m: {n: v * factor for n, v in c.items()} for m, c in self.prompt_ms.items()})
+
     def to_dict(self) -> dict:
         return {"verify_ms": list(self.verify_ms), "slim_ms": list(self.slim_ms), "resume_ms": list(self.resume_ms),
                 "draft_ms": list(self.draft_ms),

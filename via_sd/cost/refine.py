@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from dataclasses import replace
 
 from .model import CostProfile, call_ms, reads_prompt
 
@@ -54,6 +53,13 @@ class Evidence:
         self.window = window
         self.passes: dict = {}  # (curve, point) -> deque of (call, ms, run)
         self.runs = 0
+
+    def add_run(self, trace) -> int:
+        """The timed calls of one run (a Trace or its dict), its drafter steps only when the profile's model drafter
+        made them. Returns how many it took."""
+        rounds = trace["rounds"] if isinstance(trace, dict) else trace.rounds
+        models = (trace.get("models") if isinstance(trace, dict) else trace.models) or {}
+        return self.add_rounds(rounds, drafter=models.get("drafter_kind", "model") == "model")
 
     def add_rounds(self, rounds: list[dict], drafter: bool = True) -> int:
         """The timed calls of one run's rounds (one method's decode: its passes share a load); `drafter` False
@@ -100,11 +106,7 @@ class Evidence:
 
     def corrected(self, profile: CostProfile, source: str) -> CostProfile:
         """`profile` at the runs' level (every price times it; its shape as measured), labelled `source`."""
-        level = self.level(profile)
-        times = lambda values: tuple(v * level for v in values)  # noqa: E731
-        return replace(profile, source=source, verify_ms=times(profile.verify_ms), slim_ms=times(profile.slim_ms),
-                       resume_ms=times(profile.resume_ms), draft_ms=times(profile.draft_ms),
-                       prompt_ms={m: {n: v * level for n, v in c.items()} for m, c in profile.prompt_ms.items()})
+        return profile.times(self.level(profile), source)
 
 
 def non_decreasing(values) -> tuple:
@@ -123,7 +125,8 @@ def non_decreasing(values) -> tuple:
 def keep_honest(profile: CostProfile, evidence: Evidence, origin: str) -> CostProfile:
     """`profile`, or, when the recorded runs' level parts from it by more than TOLERANCE, the profile at their level,
     its source saying so ("<origin>, corrected from the passes of N runs on this machine")."""
-    if abs(evidence.level(profile) - 1) <= TOLERANCE:
+    level = evidence.level(profile)
+    if abs(level - 1) <= TOLERANCE:
         return profile
-    return evidence.corrected(profile, f"{origin}, corrected from the passes of {evidence.runs} "
-                                       f"run{'s' if evidence.runs != 1 else ''} on this machine")
+    return profile.times(level, f"{origin}, corrected from the passes of {evidence.runs} "
+                                f"run{'s' if evidence.runs != 1 else ''} on this machine")
