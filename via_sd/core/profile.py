@@ -37,7 +37,7 @@ import torch
 
 from .cached import Clock, drafter_cache, model_cache
 from ..cost.model import MAX_ROWS, PROMPT_LENGTHS, CostProfile
-from ..cost.refine import Evidence, keep_honest, non_decreasing
+from ..cost.refine import Evidence, keep_honest
 from ..weights.paths import cache_root
 from .progressive import ProgressiveVerifier
 
@@ -195,6 +195,19 @@ def _time_ms(clock: Clock, fn, before=None) -> float:
     start = clock.ms()
     fn()
     return clock.ms() - start
+
+
+def non_decreasing(values) -> tuple:
+    """More rows never cost less: the closest non-decreasing curve (pool-adjacent-violators), so a dip or a
+    spike of noise is averaged with its neighbours instead of carried forward."""
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return tuple(total / count for total, count in blocks for _ in range(count))
 
 
 def _fill(measured: dict[int, float], rows: int) -> list[float]:

@@ -109,19 +109,6 @@ class Evidence:
         return profile.times(self.level(profile), source)
 
 
-def non_decreasing(values) -> tuple:
-    """More rows never cost less: the closest non-decreasing curve (pool-adjacent-violators), so a dip or a
-    spike of noise is averaged with its neighbours instead of carried forward."""
-    blocks: list[list[float]] = []  # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return tuple(total / count for total, count in blocks for _ in range(count))
-
-
 def keep_honest(profile: CostProfile, evidence: Evidence, origin: str) -> CostProfile:
     """`profile`, or, when the recorded runs' level parts from it by more than TOLERANCE, the profile at their level,
     its source saying so ("<origin>, corrected from the passes of N runs on this machine")."""
