@@ -16,7 +16,8 @@ from via_sd.weights import lowbit_kernel
 ROOT = Path(__file__).resolve().parents[1]
 built = pytest.mark.skipif(not lowbit_kernel.available(), reason=f"no kernel: {lowbit_kernel.why_not()}")
 
-SHAPES = [(12, 2, 1, 300, 128), (12, 2, 7, 300, 128), (12, 2, 40, 40, 128), (14, 2, 5, 37, 64), (4, 4, 3, 10, 12)]
+SHAPES = [(12, 2, 1, 300, 128), (12, 2, 7, 300, 128), (12, 2, 40, 40, 128), (14, 2, 5, 37, 64), (4, 4, 3, 10, 12),
+          (6, 3, 4, 50, 200)]
 
 
 @built
@@ -27,13 +28,13 @@ def test_attention_is_sdpa_in_one_order_whatever_the_path_and_the_rows(heads, kv
     causal = torch.ones(rows, keys, dtype=torch.bool).tril(keys - rows)
     reference = F.scaled_dot_product_attention(q, k, v, attn_mask=causal, scale=dim ** -0.5, enable_gqa=True)
     kernel = lowbit_kernel.module()
-    paths = [kernel.causal_attention(q, k, v, dim ** -0.5, path) for path in (0, 1)]  # generic, AVX2
-    assert torch.equal(paths[0], paths[1])
+    paths = [kernel.causal_attention(q, k, v, dim ** -0.5, path) for path in range(min(lowbit_kernel.isa(), 2) + 1)]
+    assert all(torch.equal(paths[0], other) for other in paths[1:])  # generic, AVX2 and (where it runs) AVX-512
     torch.testing.assert_close(paths[1], reference.transpose(1, 2), atol=2e-6, rtol=1e-5)
     for r in range(rows):  # each row, alone, as its one-token step computes it
         seen = keys - rows + r + 1
-        alone = kernel.causal_attention(q[:, :, r:r + 1], k[:, :, :seen], v[:, :, :seen], dim ** -0.5, 1)
-        assert torch.equal(alone[:, 0], paths[1][:, r])
+        alone = kernel.causal_attention(q[:, :, r:r + 1], k[:, :, :seen], v[:, :, :seen], dim ** -0.5, len(paths) - 1)
+        assert torch.equal(alone[:, 0], paths[0][:, r])
 
 
 DIGEST = """

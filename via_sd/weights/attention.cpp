@@ -9,7 +9,7 @@
 //     e_t  = exp_fixed(s_t - max_t s_t)        one sequence of IEEE mul / add (below), no libm
 //     Z    = e_0 + e_1 + ... in order of t
 //     o[i] = (e_0 * v_0[i] + e_1 * v_1[i] + ... in order of t) / Z
-// The AVX2 path and the generic loop run that sequence to the bit (built with -ffp-contract=off: no fused
+// The AVX-512 and AVX2 paths and the generic loop run that sequence to the bit (built with -ffp-contract=off: no fused
 // multiply-add), so a row never depends on the other rows of its pass, the thread count, the vendor or the ISA:
 // a pass over k rows gives each row the bits its one-token step gives.
 
@@ -88,9 +88,19 @@ AVX2_TARGET float dot_avx2(const float* q, const float* k, int64_t D) {
   return tree8(lane);
 }
 
+// Eight keys' lanes (acc[j]: key j's eight) -> their eight dot8 sums, each by tree8's order, through hadds:
+// (l0 + l1, l2 + l3 | l4 + l5, l6 + l7), pairs of those, the two halves added.
+AVX2_TARGET inline __m256 trees8(const __m256* acc) {
+  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  return _mm256_set_m128(hi, lo);
+}
+
 // s[t] = dot8(q, k_t) * sc for the n keys k_t = k + t * stride: eight keys at a time, each in its own register with
 // dot_avx2's lanes and order (eight independent chains where one key's is a chain of D / 8 dependent adds), then
-// each key's tree8 through hadds: (l0 + l1, l2 + l3 | l4 + l5, l6 + l7), pairs of those, the two halves added.
+// each key's tree8 (trees8).
 AVX2_TARGET void dots_avx2(const float* q, const float* k, int64_t stride, int64_t n, int64_t D, float sc, float* s) {
   int64_t t = 0;
   if (D % 8 == 0)
@@ -102,22 +112,18 @@ AVX2_TARGET void dots_avx2(const float* q, const float* k, int64_t stride, int64
         for (int j = 0; j < 8; ++j)
           acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qi, _mm256_loadu_ps(k + (t + j) * stride + i)));
       }
-      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-      const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-      _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_set_m128(hi, lo), _mm256_set1_ps(sc)));
+      _mm256_storeu_ps(s + t, _mm256_mul_ps(trees8(acc), _mm256_set1_ps(sc)));
     }
   for (; t < n; ++t) s[t] = dot_avx2(q, k + t * stride, D) * sc;
 }
 
-// o[i] = e_0 * v_0[i] + e_1 * v_1[i] + ... in order of t (v_t = v + t * stride), from 0: each output its own chain,
-// 64 outputs at a time kept in registers over all the keys (no load and store of the sums per key).
+// o[i] = o[i] + e_0 * v_0[i] + e_1 * v_1[i] + ... in order of t (v_t = v + t * stride): each output its own chain,
+// 64 outputs at a time kept in registers over the n keys (no load and store of the sums per key).
 AVX2_TARGET void weighted_sum_avx2(const float* v, int64_t stride, const float* e, int64_t n, int64_t D, float* o) {
   int64_t i0 = 0;
   for (; i0 + 64 <= D; i0 += 64) {
     __m256 acc[8];
-    for (int j = 0; j < 8; ++j) acc[j] = _mm256_setzero_ps();
+    for (int j = 0; j < 8; ++j) acc[j] = _mm256_loadu_ps(o + i0 + 8 * j);
     for (int64_t t = 0; t < n; ++t) {
       const __m256 et = _mm256_set1_ps(e[t]);
       const float* vt = v + t * stride + i0;
@@ -125,7 +131,6 @@ AVX2_TARGET void weighted_sum_avx2(const float* v, int64_t stride, const float* 
     }
     for (int j = 0; j < 8; ++j) _mm256_storeu_ps(o + i0 + 8 * j, acc[j]);
   }
-  std::fill(o + i0, o + D, 0.0f);
   for (int64_t t = 0; t < n && i0 < D; ++t)
     for (int64_t i = i0; i < D; ++i) o[i] = o[i] + e[t] * v[t * stride + i];
 }
@@ -148,6 +153,46 @@ AVX2_TARGET void exp_avx2(float* s, int64_t n, float m) {
   for (; t < n; ++t) s[t] = exp_fixed(s[t] - m);
 }
 
+// ---------------------------------------------------------------- AVX-512: the AVX2 path's arithmetic, twice as wide
+// Every lane runs the AVX2 path's sequence of IEEE operations on the same values, so the bits are the same. (The
+// scores stay on dots_avx2: two keys' eight lanes in one register measured slower than one key's in each.)
+#define AVX512_TARGET __attribute__((target("avx512f,avx2,fma")))
+
+// weighted_sum_avx2 with 64 outputs at a time in four 16-lane registers; the rest of the outputs by it.
+AVX512_TARGET void weighted_sum_avx512(const float* v, int64_t stride, const float* e, int64_t n, int64_t D, float* o) {
+  int64_t i0 = 0;
+  for (; i0 + 64 <= D; i0 += 64) {
+    __m512 acc[4];
+    for (int j = 0; j < 4; ++j) acc[j] = _mm512_loadu_ps(o + i0 + 16 * j);
+    for (int64_t t = 0; t < n; ++t) {
+      const __m512 et = _mm512_set1_ps(e[t]);
+      const float* vt = v + t * stride + i0;
+      for (int j = 0; j < 4; ++j) acc[j] = _mm512_add_ps(acc[j], _mm512_mul_ps(et, _mm512_loadu_ps(vt + 16 * j)));
+    }
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(o + i0 + 16 * j, acc[j]);
+  }
+  if (i0 < D) weighted_sum_avx2(v + i0, stride, e, n, D - i0, o + i0);
+}
+
+AVX512_TARGET __m512 exp16(__m512 x) {  // exp8's operations, lane by lane
+  x = _mm512_max_ps(x, _mm512_set1_ps(EXP_FLOOR));
+  __m512 n = _mm512_roundscale_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(LOG2E)), _mm512_set1_ps(0.5f)),
+                                  _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_sub_ps(_mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(LN2_HI))),
+                           _mm512_mul_ps(n, _mm512_set1_ps(LN2_LO)));
+  __m512 p = _mm512_set1_ps(C7);
+  for (float c : {C6, C5, C4, C3, C2, 1.0f, 1.0f}) p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(c));
+  __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+AVX512_TARGET void exp_avx512(float* s, int64_t n, float m) {
+  const __m512 mv = _mm512_set1_ps(m);
+  int64_t t = 0;
+  for (; t + 16 <= n; t += 16) _mm512_storeu_ps(s + t, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv)));
+  exp_avx2(s + t, n - t, m);
+}
+
 struct View {  // a [B, H, T, D] tensor with a contiguous last dimension
   const float* data;
   int64_t sb, sh, st;
@@ -158,6 +203,12 @@ struct View {  // a [B, H, T, D] tensor with a contiguous last dimension
 
 }  // namespace
 
+// The order above is per (row, head); the loops are arranged for the cache. A work item is up to QUERIES queries
+// (heads x rows) that share a kv head; its scores, then its weighted sums, run over the keys KEYS at a time, every
+// query taking the block in turn while it is in L1 (one query at a time over all the keys re-read K and V from L2 for
+// every query: 6 heads x 8 rows read each key 48 times). A query's sums carry over from block to block in o.
+constexpr int64_t KEYS = 32, QUERIES = 16;
+
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale, int64_t isa) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "q, k, v must be [batch, heads, rows, head_dim]");
   TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat &&
@@ -166,33 +217,58 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double sca
   const int64_t B = q.size(0), H = q.size(1), R = q.size(2), D = q.size(3), KH = k.size(1), T = k.size(2);
   TORCH_CHECK(k.sizes() == v.sizes() && k.size(0) == B && k.size(3) == D && H % KH == 0 && T >= R,
               "k and v must be [batch, kv_heads, keys >= rows, head_dim] with heads a multiple of kv_heads");
+  TORCH_CHECK(isa >= 0 && isa <= 2, "isa is 0 (generic), 1 (AVX2) or 2 (AVX-512), not ", isa);
+  TORCH_CHECK(isa < 2 || __builtin_cpu_supports("avx512f"),
+              "this CPU cannot run the AVX-512 path");
   auto out = at::empty({B, R, H, D}, q.options());
   const View Q(q), K(k), V(v);
   float* o = out.data_ptr<float>();
   const float sc = float(scale);
-  const bool avx2 = isa >= 1;
-  const int64_t items = B * H * R, past = T - R;
-  const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, T * D));
-  at::parallel_for(0, items, grain, [&](int64_t i0, int64_t i1) {
-    std::vector<float> s(T);
+  const int64_t group = H / KH, per_kv = group * R, chunks = (per_kv + QUERIES - 1) / QUERIES, past = T - R;
+  at::parallel_for(0, B * KH * chunks, 1, [&](int64_t i0, int64_t i1) {
+    std::vector<float> scores(QUERIES * T);
+    float* sum[QUERIES];
+    const float* query[QUERIES];
+    int64_t seen[QUERIES];
     for (int64_t item = i0; item < i1; ++item) {
-      const int64_t r = item % R, h = (item / R) % H, b = item / (R * H), kh = h / (H / KH), n = past + r + 1;
-      const float* qr = Q.at(b, h, r);
-      if (avx2) dots_avx2(qr, K.at(b, kh, 0), K.st, n, D, sc, s.data());
-      else for (int64_t t = 0; t < n; ++t) s[t] = dot_generic(qr, K.at(b, kh, t), D) * sc;
-      float m = s[0];
-      for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
-      if (avx2) exp_avx2(s.data(), n, m); else exp_generic(s.data(), n, m);
-      float z = 0.0f;
-      for (int64_t t = 0; t < n; ++t) z = z + s[t];
-      float* acc = o + ((b * R + r) * H + h) * D;
-      if (avx2) {
-        weighted_sum_avx2(V.at(b, kh, 0), V.st, s.data(), n, D, acc);
-      } else {
-        std::fill(acc, acc + D, 0.0f);
-        for (int64_t t = 0; t < n; ++t) accumulate_generic(acc, V.at(b, kh, t), s[t], D);
+      const int64_t c = item % chunks, kh = (item / chunks) % KH, b = item / (chunks * KH);
+      const int64_t first = c * QUERIES, count = std::min(QUERIES, per_kv - first);
+      int64_t most = 0;
+      for (int64_t j = 0; j < count; ++j) {  // query j: head kh * group + (first + j) / R, row (first + j) % R
+        const int64_t h = kh * group + (first + j) / R, r = (first + j) % R;
+        query[j] = Q.at(b, h, r), seen[j] = past + r + 1, sum[j] = o + ((b * R + r) * H + h) * D;
+        most = std::max(most, seen[j]);
       }
-      for (int64_t i = 0; i < D; ++i) acc[i] = acc[i] / z;
+      for (int64_t t0 = 0; t0 < most; t0 += KEYS)
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t n = std::min(seen[j], t0 + KEYS) - t0;
+          float* s = scores.data() + j * T + t0;
+          if (n <= 0) continue;
+          if (isa >= 1) dots_avx2(query[j], K.at(b, kh, t0), K.st, n, D, sc, s);  // AVX-512's pairs of keys: slower
+          else for (int64_t t = 0; t < n; ++t) s[t] = dot_generic(query[j], K.at(b, kh, t0 + t), D) * sc;
+        }
+      float z[QUERIES];
+      for (int64_t j = 0; j < count; ++j) {
+        float* s = scores.data() + j * T;
+        const int64_t n = seen[j];
+        float m = s[0];
+        for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
+        if (isa == 2) exp_avx512(s, n, m); else if (isa == 1) exp_avx2(s, n, m); else exp_generic(s, n, m);
+        z[j] = 0.0f;
+        for (int64_t t = 0; t < n; ++t) z[j] = z[j] + s[t];
+        std::fill(sum[j], sum[j] + D, 0.0f);
+      }
+      for (int64_t t0 = 0; t0 < most; t0 += KEYS)
+        for (int64_t j = 0; j < count; ++j) {
+          const int64_t n = std::min(seen[j], t0 + KEYS) - t0;
+          const float* e = scores.data() + j * T + t0;
+          if (n <= 0) continue;
+          if (isa == 2) weighted_sum_avx512(V.at(b, kh, t0), V.st, e, n, D, sum[j]);
+          else if (isa == 1) weighted_sum_avx2(V.at(b, kh, t0), V.st, e, n, D, sum[j]);
+          else for (int64_t t = 0; t < n; ++t) accumulate_generic(sum[j], V.at(b, kh, t0 + t), e[t], D);
+        }
+      for (int64_t j = 0; j < count; ++j)
+        for (int64_t i = 0; i < D; ++i) sum[j][i] = sum[j][i] / z[j];
     }
   });
   return out;

@@ -700,7 +700,7 @@ at::Tensor attention_sublayer(at::Tensor h, at::Tensor norm, double eps, const L
   const int64_t n = h.size(-2);
   auto x = rms_norm(h, norm, eps);
   auto y = tiles_mm(x.view({n, -1}), qkv, at::Tensor(), isa);
-  auto a = rope_attention(y, cos, sin, keys, values, start, heads, scale, std::min<int64_t>(isa, 1));
+  auto a = rope_attention(y, cos, sin, keys, values, start, heads, scale, isa);
   return tiles_mm(a.view({n, -1}), o, h, isa).view(h.sizes());
 }
 

@@ -190,7 +190,7 @@ def rope_attention(y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keys: 
     """A sub-layer's attention after its q/k/v matmul (attention.cpp): y [R, (heads + 2 kv_heads) D] rotated by
     cos, sin (sin's first half negated) [R, D], k and v written into the cache buffers at rows start.., the causal
     attention [1, R, heads, D]; the bits of the same steps in torch."""
-    return _loaded().rope_attention(y, cos, sin, keys, values, start, heads, scale, min(_state["isa"], 1))
+    return _loaded().rope_attention(y, cos, sin, keys, values, start, heads, scale, _state["isa"])
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -215,5 +215,5 @@ def has_attention() -> bool:
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """Causal attention of q [B, H, R, D] over k, v [B, KH, T, D] (row i sees keys 0 .. T - R + i), in one fixed
-    order of arithmetic; [B, R, H, D]. The AVX-512 machines run its AVX2 path (the same bits)."""
-    return _loaded().causal_attention(q, k, v, scale, min(_state["isa"], 1))
+    order of arithmetic; [B, R, H, D]. Its AVX-512, AVX2 and generic paths give the same bits."""
+    return _loaded().causal_attention(q, k, v, scale, _state["isa"])
