@@ -51,15 +51,21 @@ def best_of(fn, repeats: int = 5) -> float:
     return min(times)
 
 
-def read_bandwidth(size: int = 1 << 30) -> float | None:
-    """GB/s of the kernel module's read probe (bandwidth.cpp: every thread streams its share of a 1 GiB buffer through
-    vector loads, as STREAM's read side), best of 5; None without the kernel."""
-    kernel = lowbit_kernel.module()
-    if kernel is None:
-        return None
-    big = torch.ones(size, dtype=torch.uint8)  # far larger than any cache; written once, so its pages exist
-    wide = lowbit_kernel.isa() == 2
-    return size / best_of(lambda: kernel.stream_read(big, wide)) / 1e9
+class ReadProbe:
+    """The kernel module's read probe (bandwidth.cpp: every thread streams its share of a buffer far larger than the
+    caches through vector loads, as STREAM's read side), its buffer kept so that it can run again between steps."""
+
+    def __init__(self, size: int = 1 << 30):
+        self.kernel = lowbit_kernel.module()
+        self.size = size
+        self.big = torch.ones(size, dtype=torch.uint8) if self.kernel else None  # written once: its pages exist
+        self.wide = self.kernel is not None and lowbit_kernel.isa() == 2
+
+    def gbs(self, repeats: int = 5) -> float | None:
+        """GB/s, best of `repeats` reads; None without the kernel."""
+        if self.kernel is None:
+            return None
+        return self.size / best_of(lambda: self.kernel.stream_read(self.big, self.wide), repeats) / 1e9
 
 
 def dot_peak(rounds: int = 20_000_000) -> float | None:
@@ -73,8 +79,8 @@ def dot_peak(rounds: int = 20_000_000) -> float | None:
     return products / best_of(lambda: kernel.dot_peak(rounds, vnni))
 
 
-def roofline(size: int = 1 << 30) -> tuple[list[str], float | None, float | None]:
-    bandwidth, peak = read_bandwidth(size), dot_peak()
+def roofline(probe: ReadProbe) -> tuple[list[str], float | None, float | None]:
+    bandwidth, peak, size = probe.gbs(), dot_peak(), probe.size
     a = torch.randn(1024, 1024)
     fp32 = 2 * 1024 ** 3 / best_of(lambda: a @ a) / 1e9
     read = f"{bandwidth:.1f} GB/s" if bandwidth else "not measured (no kernel)"
@@ -133,13 +139,17 @@ class PartTimer:
     whole and named by its linears (what it reads of the weights, and the rate); the head's re-scoring and the rest
     apart. transformers' forward and torch's kernels are timed through their modules."""
 
-    def __init__(self, model, cached):
-        self.totals, self.calls, self.stack, self.bytes = defaultdict(float), defaultdict(int), [], {}
+    def __init__(self, model, cached, totals: defaultdict | None = None, calls: defaultdict | None = None):
+        """Times `model`'s parts until close(), adding to `totals` (seconds) and `calls` (given: kept over timers)."""
+        self.totals = defaultdict(float) if totals is None else totals
+        self.calls = defaultdict(int) if calls is None else calls
+        self.stack, self.bytes = [], {}
+        self.hooks = []
         for module in model.modules():
             part = self.part_of(module)
             if part:
-                module.register_forward_pre_hook(lambda m, args, part=part: self.enter(part))
-                module.register_forward_hook(lambda m, args, out: self.leave())
+                self.hooks += [module.register_forward_pre_hook(lambda m, args, part=part: self.enter(part)),
+                               module.register_forward_hook(lambda m, args, out: self.leave())]
         names = ("attention_sublayer", "mlp_sublayer", "tiles_mm")
         self.wrapped = [(lowbit_kernel, name, getattr(lowbit_kernel, name)) for name in names]
         attention, mlp, tiles_mm = (w[2] for w in self.wrapped)
@@ -149,13 +159,17 @@ class PartTimer:
             x, linears, *a, **k)
         net = getattr(cached, "net", None)
         if net is not None:
+            self.wrapped.append((net, "_attend", net._attend))
             net._attend = self.timed(net._attend, ATTENTION)
+        self.wrapped.append((cached, "logits", cached.logits))
         cached.logits = self.timed(cached.logits, REST)
 
     def close(self):
-        """Puts back what __init__ wrapped."""
+        """Puts back what __init__ wrapped and removes its hooks."""
         for owner, name, original in self.wrapped:
             setattr(owner, name, original)
+        for hook in self.hooks:
+            hook.remove()
 
     def sublayer(self, kind: str, *linears) -> str:
         name = f"{kind} sub-layer: {', '.join(shape(group) for group in linears)}" if kind else shape(linears[0])
@@ -193,40 +207,60 @@ class PartTimer:
         if self.stack:
             self.stack[-1][2] += took
 
-    def reset(self):
-        self.totals.clear(), self.calls.clear()
 
-
-def step_breakdown(pair, steps: int, bandwidth: float | None) -> tuple[list[str], float]:
-    """The step's table, and the bytes of weights a step reads."""
+def step_breakdown(pair, steps: int, probe: ReadProbe, blocks: int = 5) -> tuple[list[str], float]:
+    """The step's table, and the bytes of weights a step reads. The steps run in `blocks` blocks, each twice on the
+    same tokens: through timing wrappers and hooks for the parts (which cost time of their own), then with nothing
+    wrapped for the whole step; the read probe runs before each block and after the last. A shared VM's bandwidth
+    moves by half from one minute to the next, so the shares of bandwidth are of the probe's median in the same
+    minutes (side by side), not of the roofline's."""
     seq = pair.encode("Write a function that merges two sorted lists, and explain it.")
     cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")
-    timer = PartTimer(pair.verifier, cached)
-    try:
+    start = len(seq)
+    for _ in range(steps + 1):  # the tokens the steps read, greedy (the first step's is the prompt read's)
         seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
-        timer.reset()
-        start = time.perf_counter()
-        for _ in range(steps):
-            seq.append(int(cached.logits(seq, len(seq), 1)[-1].argmax()))
-        total = (time.perf_counter() - start) / steps
-    finally:
-        timer.close()
+    cached.rollback(start + 1)
+    totals, calls, reads, timed, total = defaultdict(float), defaultdict(int), [], 0.0, 0.0
+    for block in range(blocks):
+        reads.append(probe.gbs(2))
+        lo, hi = start + 1 + steps * block // blocks, start + 1 + steps * (block + 1) // blocks
+        timer = PartTimer(pair.verifier, cached, totals, calls)
+        try:
+            begin = time.perf_counter()
+            for n in range(lo, hi):
+                cached.logits(seq, n + 1, 1)
+            timed += time.perf_counter() - begin
+        finally:
+            timer.close()
+        cached.rollback(lo)
+        begin = time.perf_counter()
+        for n in range(lo, hi):
+            cached.logits(seq, n + 1, 1)
+        total += time.perf_counter() - begin
+    reads.append(probe.gbs(2))
+    timed, total = timed / steps, total / steps
+    bandwidth = statistics.median(reads) if None not in reads else None
     share = (lambda rate: f"{rate / bandwidth:.0%}") if bandwidth else (lambda rate: "")
     rows = ["| part | calls a step | ms a step | share | ms a call | MB a call | GB/s | of bandwidth |",
             "|---|---|---|---|---|---|---|---|"]
-    for part, seconds in sorted(timer.totals.items(), key=lambda kv: -kv[1]):
-        per_step, calls = seconds / steps * 1e3, timer.calls[part] / steps
+    for part, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+        per_step, per_call = seconds / steps * 1e3, seconds / calls[part] * 1e3
         size = timer.bytes.get(part)
-        rate = size / (seconds / timer.calls[part]) / 1e9 if size else 0.0
-        rows.append(f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | "
-                    f"{per_step / calls:.3f} | {size / 1e6:.2f} | {rate:.1f} | {share(rate)} |" if size else
-                    f"| {part} | {calls:g} | {per_step:.2f} | {per_step / (total * 1e3):.0%} | | | | |")
-    kernel_bytes = sum(timer.bytes[p] * timer.calls[p] / steps for p in timer.bytes if p in timer.calls)
-    kernel_s = sum(timer.totals[p] for p in timer.bytes if p in timer.totals) / steps
-    rows.append(f"| low-bit linears | | {kernel_s * 1e3:.1f} | {kernel_s / total:.0%} | | {kernel_bytes / 1e6:.0f} | "
+        rate = size / per_call / 1e6 if size else 0.0
+        rows.append(f"| {part} | {calls[part] / steps:g} | {per_step:.2f} | {per_step / (timed * 1e3):.0%} | "
+                    f"{per_call:.3f} | {size / 1e6:.2f} | {rate:.1f} | {share(rate)} |" if size else
+                    f"| {part} | {calls[part] / steps:g} | {per_step:.2f} | {per_step / (timed * 1e3):.0%} | | | | |")
+    kernel_bytes = sum(timer.bytes[p] * calls[p] / steps for p in timer.bytes if p in calls)
+    kernel_s = sum(totals[p] for p in timer.bytes if p in totals) / steps
+    rows.append(f"| low-bit linears | | {kernel_s * 1e3:.1f} | {kernel_s / timed:.0%} | | {kernel_bytes / 1e6:.0f} | "
                 f"{kernel_bytes / kernel_s / 1e9:.1f} | {share(kernel_bytes / kernel_s / 1e9)} |")
     rows.append(f"| **one step** | | **{total * 1e3:.1f}** | 100% | | {kernel_bytes / 1e6:.0f} (weights) | "
                 f"{kernel_bytes / total / 1e9:.1f} | {share(kernel_bytes / total / 1e9)} |")
+    rows += ["", f"the parts: {steps} steps through timing wrappers and hooks ({timed * 1e3:.1f} ms a step), shares of "
+                 f"that; one step: the same steps, block by block, with nothing wrapped"]
+    if bandwidth:
+        rows += [f"of bandwidth: of the read probe's median, {bandwidth:.1f} GB/s, over {len(reads)} reads before, "
+                     f"between and after {blocks} blocks of the steps ({min(reads):.1f}-{max(reads):.1f} GB/s)"]
     return rows, kernel_bytes
 
 
@@ -284,14 +318,15 @@ def main(argv=None) -> int:
     rows = [int(r) for r in args.rows.split(",")]
     print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
           f"torch {torch.__version__}\n")
-    table, bandwidth, peak = roofline(args.bandwidth_mib << 20)
+    probe = ReadProbe(args.bandwidth_mib << 20)
+    table, bandwidth, peak = roofline(probe)
     print("\n".join(table) + "\n")
     if args.linear:
         print("\n".join(linear_rows(*map(int, args.linear.split("x")), rows)) + "\n")
     pair = load_pair(args.preset, weights="int4")
     print(f"verifier: {pair.verifier_name}; kernel: {kernel_rule(pair.verifier)}\n")
     per_row = weights_per_row(pair.verifier)
-    table, step_bytes = step_breakdown(pair, args.steps, bandwidth)
+    table, step_bytes = step_breakdown(pair, args.steps, probe)
     print("\n".join(table) + "\n")
     if args.compare_forward:
         print(forward_ab(pair, args.steps) + "\n")

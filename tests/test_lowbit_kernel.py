@@ -121,6 +121,7 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
     assert "GOP/s" in out and "| attention sub-layer: int4 " in out and "| MLP sub-layer: int4 " in out
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out
+    assert "of bandwidth: of the read probe's median, " in out and "over 6 reads before, between and after 5 blocks" in out
 
 
 def test_the_bandwidth_probe_reads_every_byte_of_every_threads_share():
