@@ -8,13 +8,15 @@ Prints, for the pair's verifier in int4 weights:
   2. one-token decoding steps after a prompt, run as the decoders run them (core.cached.model_cache: the lean forward
      on the kernel), by part: each low-bit linear shape (calls, ms a call, the bytes it reads, the rate it reads
      them at and its share of the bandwidth), attention (rope, cache writes, attention), the head's exact
-     re-scoring, everything else, the linears together and the bytes a step reads;
+     re-scoring, everything else, the linears together and the bytes a step reads; its share of the bandwidth is of
+     the read probe run between its blocks of steps;
   3. one linear (`--linear`, the verifier's MLP shape) at each row count, both kernels, weights from memory;
   4. with `--compare-forward`, one-token steps through the lean forward and through transformers' forward (the
      verifier's forward before issue #39), in alternating blocks;
   5. where a pass's products (its rows at the dot-product peak) outweigh its reads (its weights at the bandwidth);
-     a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1), for the project's
-     kernel, then for torch's (the pair built again with lowbit_kernel.off()).
+     a verifier pass over k new tokens after `--context` tokens, V(k) = verify(k) / verify(1) (the median of the
+     ratios of each sweep's passes), for the project's kernel, then for torch's (the pair built again with
+     lowbit_kernel.off()).
 
     .venv/bin/python scripts/kernel_breakdown.py                 # the embedded pair (a few minutes)
     .venv/bin/python scripts/kernel_breakdown.py --preset random --steps 3 --context 16 --rows 1,2 --linear 64x64
@@ -287,20 +289,23 @@ def forward_ab(pair, steps: int, blocks: int = 6) -> str:
             f"({a / b:.2f}x), {steps} steps each in {blocks} alternating blocks")
 
 
-def verify_curve(pair, context: int, rows: list[int]) -> dict[int, float]:
-    """verify(k) of the pair's verifier after `context` tokens: medians of 5 sweeps over the row counts."""
+def verify_curve(pair, context: int, rows: list[int], sweeps: int = 9) -> dict[int, tuple[float, float]]:
+    """{k: (verify(k), V(k))} of the pair's verifier after `context` tokens, over `sweeps` sweeps of the row counts:
+    verify(k) the median of its passes; V(k) the median of each sweep's verify(k) / verify(first k), passes
+    timed seconds apart (the VM's speed moves by a fifth from one minute to the next)."""
     text = "Speculative decoding drafts tokens cheaply and verifies them in one pass of the large model. " * 64
     seq = pair.encode(text, chat=False)[:context + max(rows)]
     times = defaultdict(list)
     cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")  # as the decoders verify
     cached.logits(seq, context, 1)
-    for _ in range(5):
+    for _ in range(sweeps):
         for k in rows:
             def one_pass():
                 cached.logits(seq, context + k, k)
                 cached.rollback(context)
             times[k].append(best_of(one_pass, 1))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return {k: (statistics.median(v), statistics.median(a / b for a, b in zip(v, times[rows[0]])))
+            for k, v in times.items()}
 
 
 def main(argv=None) -> int:
@@ -348,8 +353,8 @@ def main(argv=None) -> int:
     print("| k | verify(k), ours | V(k), ours | verify(k), torch's kernel | V(k), torch's |")
     print("|---|---|---|---|---|")
     for k in rows:
-        torch_cells = f"{theirs[k] * 1e3:.1f} ms | {theirs[k] / theirs[rows[0]]:.2f}" if theirs else "not run | "
-        print(f"| {k} | {ours[k] * 1e3:.1f} ms | {ours[k] / ours[rows[0]]:.2f} | {torch_cells} |")
+        torch_cells = f"{theirs[k][0] * 1e3:.1f} ms | {theirs[k][1]:.2f}" if theirs else "not run | "
+        print(f"| {k} | {ours[k][0] * 1e3:.1f} ms | {ours[k][1]:.2f} | {torch_cells} |")
     return 0
 
 
