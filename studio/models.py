@@ -64,9 +64,7 @@ def _hub_cached(repo: str) -> bool:
 
 def spec_of(preset: str) -> dict:
     """A preset's spec: PRESETS', or the own pair's (drafter, verifier, route None, about) once one was chosen."""
-    if preset == OWN and MODELS.own is not None:
-        return MODELS.own
-    return PRESETS[preset]
+    return MODELS.own if preset == OWN and MODELS.own is not None else PRESETS[preset]
 
 
 def needs_hub(preset: str) -> bool:
@@ -160,9 +158,9 @@ class Models:
         self.own = None  # the own pair's spec (`studio.own_pair`), as PRESETS' specs: drafter, verifier, route, about
 
     # ---- reading ----
-    def loaded(self, preset: str):
+    def loaded(self, preset: str | None = None):  # None: whichever pair is loaded
         with self._lock:
-            return self._pairs.get(preset)
+            return next(iter(self._pairs.values()), None) if preset is None else self._pairs.get(preset)
 
     def loading(self, preset: str | None = None) -> bool:
         with self._lock:
@@ -396,5 +394,7 @@ def load_preset(preset, progress=gr.Progress()) -> tuple[str, str]:
 
 
 def poll_status(preset):
-    """The device line while a background load runs; the timer stops once the pair is there."""
+    """The device line while a load runs; the timer stops with the pair there, or on a tick sent before a switch."""
+    if MODELS.loaded(preset) is None and not MODELS.loading(preset) and (MODELS.loading() or MODELS.loaded()):
+        return gr.skip(), gr.Timer(active=False)  # its line, the old pair's, would overwrite the new pair's
     return MODELS.status(preset), gr.Timer(active=MODELS.loaded(preset) is None and MODELS.loading())

@@ -23,7 +23,7 @@ import viz.page as page
 from studio import lab, runs, views
 from studio.gpu import MAX_RUN_S, gpu, run_seconds
 from studio.inputs import MAX_PROMPT_CHARS
-from studio.models import MODELS, load_preset, preset_choices
+from studio.models import MODELS, load_preset, poll_status, preset_choices
 from studio.sessions import SESSIONS
 from via_sd import PRESETS, Trace
 
@@ -146,6 +146,17 @@ def test_a_model_that_cannot_load_gives_a_message_and_frees_the_old_pair(monkeyp
     assert old() is None, "switching preset freed the old pair first"
     assert "⚠" in device
     assert MODELS.pair("random") is not None
+
+
+def test_a_status_tick_sent_before_a_switch_leaves_the_new_pairs_line_alone():
+    """The page's timer polls the device line with the preset it showed when the tick left. A tick still asking
+    about the old preset once another pair is loaded wrote the old pair's line over the new one's and stopped the
+    timer, and the page showed the wrong pair for good (a browser test caught it in a busy suite)."""
+    MODELS.pair("random")
+    device, timer = poll_status("tiny")  # the page's old preset: not loaded, not loading; "random" is loaded
+    assert device == gr.skip() and timer.active is False
+    device, timer = poll_status("random")
+    assert "float32" in device and timer.active is False
 
 
 def test_hub_presets_are_marked_when_the_hub_is_off(monkeypatch):

@@ -76,6 +76,9 @@ def test_bring_your_own_pair_search_its_route_and_refuse_a_mismatch(chromium, ow
     SHOTS.mkdir(parents=True, exist_ok=True)
     page = chromium.new_page(viewport={"width": 1280, "height": 800})
     page.set_default_timeout(TIMEOUT_MS)
+    # expect() keeps its own 5 s default: in a full suite on a busy machine the device line once lagged the
+    # panel's by more than that
+    expect.set_options(timeout=TIMEOUT_MS)
     page.goto(own_app, wait_until="domcontentloaded")
     page.wait_for_selector("#run")
     page.locator("#own-pair").get_by_text("Your own pair").first.click()
