@@ -23,7 +23,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <vector>
+#include <memory>
 
 namespace {
 
@@ -208,7 +208,7 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double sca
   const float sc = float(scale);
   const int64_t group = H / KH, per_kv = group * R, chunks = (per_kv + QUERIES - 1) / QUERIES, past = T - R;
   at::parallel_for(0, B * KH * chunks, 1, [&](int64_t i0, int64_t i1) {
-    std::vector<float> scores(QUERIES * T);
+    std::unique_ptr<float[]> scores(new float[QUERIES * T]);  // not zeroed: every score read is written first
     float* sum[QUERIES];
     const float* query[QUERIES];
     int64_t seen[QUERIES];
@@ -224,14 +224,14 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double sca
       for (int64_t t0 = 0; t0 < most; t0 += KEYS)
         for (int64_t j = 0; j < count; ++j) {
           const int64_t n = std::min(seen[j], t0 + KEYS) - t0;
-          float* s = scores.data() + j * T + t0;
+          float* s = scores.get() + j * T + t0;
           if (n <= 0) continue;
           if (isa >= 1) dots_avx2(query[j], K.at(b, kh, t0), K.st, n, D, sc, s);  // AVX-512's pairs of keys: slower
           else for (int64_t t = 0; t < n; ++t) s[t] = dot_generic(query[j], K.at(b, kh, t0 + t), D) * sc;
         }
       float z[QUERIES];
       for (int64_t j = 0; j < count; ++j) {
-        float* s = scores.data() + j * T;
+        float* s = scores.get() + j * T;
         const int64_t n = seen[j];
         float m = s[0];
         for (int64_t t = 1; t < n; ++t) m = std::max(m, s[t]);
@@ -243,7 +243,7 @@ at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double sca
       for (int64_t t0 = 0; t0 < most; t0 += KEYS)
         for (int64_t j = 0; j < count; ++j) {
           const int64_t n = std::min(seen[j], t0 + KEYS) - t0;
-          const float* e = scores.data() + j * T + t0;
+          const float* e = scores.get() + j * T + t0;
           if (n <= 0) continue;
           if (isa == 2) weighted_sum_avx512(V.at(b, kh, t0), V.st, e, n, D, sum[j]);
           else if (isa == 1) weighted_sum_avx2(V.at(b, kh, t0), V.st, e, n, D, sum[j]);
