@@ -357,9 +357,9 @@ def test_race_replay_plays_all_three_lanes_to_their_recorded_token_counts(browse
     set_number(page, "max-new-tokens", 48)
     run_and_wait(page)
     counts = {m: page.locator(f"#{m}-tokens .via-tok").count() for m in ("via", "sd", "ar")}
-    page.locator("#race-speed label", has_text="2×").click()
-    # every state the race's root shows, recorded as the page draws it: at 4x, once, the short race's few frames came
-    # to a busy page together, "playing" lasted less than a frame, and a wait for it missed it
+    page.locator("#race-speed label", has_text="½×").click()
+    # every state the race's root shows, recorded as the page draws it: at 4x, once, the random pair's 0.25 s race came
+    # to a busy page in a few frames together, "playing" lasted less than a frame, and a wait for it missed it
     page.evaluate("""() => { window.__race = [];
         new MutationObserver(() => document.querySelectorAll('#race-view .via-race').forEach(
             r => window.__race.push(r.dataset.state))).observe(document.querySelector('#race-view'),
