@@ -88,19 +88,9 @@ AVX2_TARGET float dot_avx2(const float* q, const float* k, int64_t D) {
   return tree8(lane);
 }
 
-// Eight keys' lanes (acc[j]: key j's eight) -> their eight dot8 sums, each by tree8's order, through hadds:
-// (l0 + l1, l2 + l3 | l4 + l5, l6 + l7), pairs of those, the two halves added.
-AVX2_TARGET inline __m256 trees8(const __m256* acc) {
-  const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
-  const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
-  const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-  return _mm256_set_m128(hi, lo);
-}
-
 // s[t] = dot8(q, k_t) * sc for the n keys k_t = k + t * stride: eight keys at a time, each in its own register with
 // dot_avx2's lanes and order (eight independent chains where one key's is a chain of D / 8 dependent adds), then
-// each key's tree8 (trees8).
+// each key's tree8 through hadds: (l0 + l1, l2 + l3 | l4 + l5, l6 + l7), pairs of those, the two halves added.
 AVX2_TARGET void dots_avx2(const float* q, const float* k, int64_t stride, int64_t n, int64_t D, float sc, float* s) {
   int64_t t = 0;
   if (D % 8 == 0)
@@ -112,7 +102,11 @@ AVX2_TARGET void dots_avx2(const float* q, const float* k, int64_t stride, int64
         for (int j = 0; j < 8; ++j)
           acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(qi, _mm256_loadu_ps(k + (t + j) * stride + i)));
       }
-      _mm256_storeu_ps(s + t, _mm256_mul_ps(trees8(acc), _mm256_set1_ps(sc)));
+      const __m256 a = _mm256_hadd_ps(_mm256_hadd_ps(acc[0], acc[1]), _mm256_hadd_ps(acc[2], acc[3]));
+      const __m256 b = _mm256_hadd_ps(_mm256_hadd_ps(acc[4], acc[5]), _mm256_hadd_ps(acc[6], acc[7]));
+      const __m128 lo = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+      const __m128 hi = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+      _mm256_storeu_ps(s + t, _mm256_mul_ps(_mm256_set_m128(hi, lo), _mm256_set1_ps(sc)));
     }
   for (; t < n; ++t) s[t] = dot_avx2(q, k + t * stride, D) * sc;
 }
