@@ -1,5 +1,6 @@
 """Every measurement in benchmarks/ runs, on the tiny random pair with small sizes, through the one harness: its
-prompt loader, its paired-and-rotated runs and its lock. (benchmarks.lookup_ceiling runs in test_drafters.py.)"""
+prompt loader, its paired-and-rotated runs and its lock. (benchmarks.lookup_ceiling and drafter_ceiling run in
+test_drafters.py.)"""
 
 import json
 import re
@@ -14,7 +15,8 @@ from benchmarks import ab, code_path_cost, cost_targets, first_token, harness, m
 ROOT = Path(__file__).resolve().parent.parent
 RUN_HERE = {"ab", "app_timings", "code_path_cost", "cost_targets", "first_token", "memory", "profile_replay",
             "weights_passes"}
-RUN_ELSEWHERE = {"lookup_ceiling": "tests/test_drafters.py", "kernel_fidelity": "tests/test_weights.py"}
+RUN_ELSEWHERE = {"lookup_ceiling": "tests/test_drafters.py", "drafter_ceiling": "tests/test_drafters.py",
+                 "kernel_fidelity": "tests/test_weights.py"}
 
 
 def test_every_benchmark_is_run_by_a_test_and_none_edits_sys_path():

@@ -229,3 +229,57 @@ def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_looku
     fixed = f"fixed-{script.HF_LOOKUP_TOKENS}"  # by default, the bench's transformers peer
     assert "| 1 | 6 |" in out and f"median oracle / {fixed}" in out and f"median ours / {fixed}" in out
     assert "ours, proven window 5 (the engine's): " in out and "fixed-3: " in out
+
+
+def test_sd_with_gamma_auto_drafts_while_one_more_draft_pays_at_the_drafters_confidence():
+    """cost.model.worth_another: a plain SD round goes on while the chain's chance (the product of the drafter's own
+    p(x)) times the run's acceptance buys one more draft's cost at the run's rate; a VIA-SD round drafts offer()'s."""
+    import torch
+
+    from via_sd.core.drafters import ModelDrafter
+    from via_sd.core.sampling import Sampler
+    from via_sd.cost.model import Rates, RoundCost, worth_another
+
+    profile, rates = paying_profile(), Rates()  # a draft 1 ms, a row 1 ms: one more draft costs 2 ms; alpha 0.7
+    assert worth_another(profile, rates, 1, chance=0.29, rate=0.1) and not worth_another(profile, rates, 1, 0.28, 0.1)
+
+    class Reader:  # the drafter is sure of its first nine drafts (p ~ 0.9999), then unsure (p ~ 0.2 for each of 5)
+        def logits(self, seq, upto, keep):
+            logits = torch.zeros(1, 8)
+            if len(seq) < 9 + 3:
+                logits[0, len(seq) % 8] = 12.0
+            else:
+                logits[0, :5] = 5.0
+            return logits
+
+    sure = [0.0] * 3
+    for kind, drafts in (("sd", 10), ("via", None)):
+        drafter = ModelDrafter("model", config(gamma="auto"), profile, RoundCost(kind), Reader(),
+                               Sampler(config(gamma="auto"), "cpu"))
+        offered = drafter.offer()[0]
+        proposal = drafter.propose(list(sure), 16)
+        if kind == "sd":  # past the i.i.d. model's round, up to and including the first unsure draft
+            assert offered < drafts == len(proposal.tokens) == proposal.gamma
+            assert float(proposal.p[-1].max()) < 0.25 < float(proposal.p[-2].max())
+        else:
+            assert len(proposal.tokens) == proposal.gamma == offered
+
+
+def test_the_drafter_ceiling_prices_no_policy_below_its_oracle(capsys):
+    """benchmarks/drafter_ceiling.py (BENCHMARKS.md): from the positions where the drafter's drafts would be kept, the
+    oracle's time is the least over every choice of round sizes, each fixed round size's no less."""
+    from benchmarks import drafter_ceiling as script
+
+    seq = [7, 7, 7, 1, 2, 3, 4, 5, 6, 7, 8]  # seq[2] comes from the prompt read, the rounds emit seq[3:]
+    top1 = [1, 2, 3, 9, 5, 6, 7, 8]  # the drafter's top-1 for seq[3:]: wrong only for seq[6]
+    runs = script.kept_runs(top1, seq, 2)
+    assert [runs[i] for i in range(3, len(seq))] == [3, 2, 1, 0, 4, 3, 2, 1]
+    profile = paying_profile()  # a draft 1 ms, verify(k) 10 + (k - 1) ms
+    oracle = script.oracle_ms(runs, 2, len(seq), profile)
+    fixed = {g: script.fixed_ms(runs, 2, len(seq), profile, g) for g in range(1, 9)}
+    assert oracle <= min(fixed.values()) < 7 * profile.verify(1)  # every policy beats AR's pass a token here
+    # two rounds: seq[3:6] drafted and kept, seq[6] the verifier's; then seq[7:10] kept and seq[10] the bonus
+    assert oracle == pytest.approx(2 * (3 * 1.0 + profile.verify(4)))
+    assert script.main(["--preset", "random", "--limit", "1", "--tokens", "6", "--c", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "| 1 | 6 |" in out and "SD / AR over all 1 prompts" in out and "with c 0.200" in out

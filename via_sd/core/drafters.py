@@ -13,7 +13,8 @@
                 slim and full verifier already share their trunk, so the early-exit drafter keeps its own cache.
 
 Each sizes its rounds with the run's RoundCost (cost.model): with gamma="auto" the length the cost profile predicts
-is fastest at the acceptance it has learned in this run. VIA-SD's `draft` signal sorts tokens by the drafter's own
+is fastest at the acceptance it has learned in this run; a model drafter in plain SD drafts while one more draft pays
+at its own confidence in the chain. VIA-SD's `draft` signal sorts tokens by the drafter's own
 probability: prompt lookup has none, so a lookup or hybrid drafter under that signal is refused (`check_signal`);
 the `slim` signal works with every drafter.
 """
@@ -24,7 +25,7 @@ from dataclasses import replace
 
 import torch
 
-from ..cost.model import CostProfile, Rates, RoundCost
+from ..cost.model import MAX_GAMMA, CostProfile, Rates, RoundCost, worth_another
 from .early_exit import EarlyExitNet, default_exit_layer, early_exit_verifier, exit_draft_ms, exit_layer_of
 from .lookup import LOOKUP_NGRAM, LOOKUP_TOKENS, PromptLookup, lookup_ms
 from .proposal import NO_DRAFTS, Outcome, Proposal
@@ -52,20 +53,27 @@ class ModelDrafter:
         return self.round_cost.best(self.costs, self.rates)
 
     def propose(self, context: list[int], limit: int) -> Proposal:
-        """Drafts one token a step; stops early once the drafter's p(x) falls below config.draft_stop."""
+        """Drafts one token a step. With gamma="auto" a plain SD round (RoundCost "sd") goes on while one more draft
+        pays at the drafter's own confidence in the chain (cost.model.worth_another), up to MAX_GAMMA; a VIA-SD round
+        drafts the length offer() prices. Either stops early once the drafter's p(x) falls below config.draft_stop."""
         if not limit:
             return NO_DRAFTS
-        gamma = min(self.offer()[0] if self.config.auto_gamma else self.config.gamma, limit)
-        tokens, dists, ext = [], [], list(context)
+        by_confidence = self.config.auto_gamma and self.round_cost.kind == "sd"
+        gamma, rate = self.offer() if self.config.auto_gamma else (self.config.gamma, 0.0)
+        gamma = min(MAX_GAMMA if by_confidence else gamma, limit)
+        tokens, dists, ext, chance = [], [], list(context), 1.0
         for _ in range(gamma):
             p = self.sampler.probs(self.reader.logits(ext, len(ext), 1)[0])
             token = self.sampler.pick(p)
             tokens.append(token)
             dists.append(p)
             ext.append(token)
+            chance *= float(p[token])
             if float(p[token]) < self.config.draft_stop:  # an unsure drafter wastes the next drafts
                 break
-        return Proposal(self.name, gamma, tokens, torch.stack(dists))
+            if by_confidence and not worth_another(self.costs, self.rates, len(tokens), chance, rate):
+                break
+        return Proposal(self.name, len(tokens) if by_confidence else gamma, tokens, torch.stack(dists))
 
     def update(self, outcome: Outcome) -> None:
         """Its running acceptance, tier shares and verifier lag (a model drafter learns from its own rounds only)."""

@@ -306,6 +306,16 @@ class RoundCost:
         return best, best_rate
 
 
+def worth_another(profile: CostProfile, rates: Rates, drafted: int, chance: float, rate: float) -> bool:
+    """Does one more draft pay in a plain SD round that has `drafted` drafts, each kept, by the drafter's own
+    probabilities, with `chance` (the product of their p(x))? The next draft adds a token when the chain so far and
+    it are kept: about chance * alpha tokens, worth that many over the run's predicted `rate` (tokens per ms) in
+    milliseconds; it costs a drafter step and a verifier pass one row wider. Where the drafter is sure the chain goes
+    on past the i.i.d. model's best gamma; where it is not it stops before a draft it would likely waste."""
+    step = profile.draft(1) + profile.verify(drafted + 2) - profile.verify(drafted + 1)
+    return chance * rates.alpha >= step * rate
+
+
 def best_gamma(profile: CostProfile, method: str, rates: Rates, slim_sorts: bool = True,
                limit: int = MAX_GAMMA) -> int:
     """The draft length that maximises predicted tokens per millisecond (ties: the shorter round)."""
