@@ -77,6 +77,25 @@ def test_ratios_come_from_paired_runs_and_runs_are_interleaved(result):
     assert len(set(firsts)) > 1  # the order rotates
 
 
+def test_whole_runs_read_x_ar_over_the_replies_that_ran_every_token_and_over_all_time(result):
+    """A reply that ends early pays both prompt reads for fewer tokens: the report also reads SD / AR over the
+    runs whose AR reply ran all max_new_tokens, and over every run's summed wall time."""
+    from via_sd.bench.report import _whole_runs_md
+
+    result = json.loads(json.dumps(result))
+    wall = {(r["method"], r["prompt_index"], r["repeat"]): r["wall_ms"] for r in result["runs"]}
+    for r in result["runs"]:  # prompt 1's AR reply ends early in both repeats
+        if r["method"] == "ar" and r["prompt_index"] == 1:
+            r["new_tokens"] = CFG.max_new_tokens - 3
+    line = _whole_runs_md(result)[0]
+    whole = statistics.median(wall[("ar", 0, k)] / wall[("sd", 0, k)] for k in range(2))
+    summed = sum(wall[("ar", i, k)] for i in range(2) for k in range(2)) / \
+        sum(wall[("sd", i, k)] for i in range(2) for k in range(2))
+    assert line.startswith(f"Whole runs: the AR reply ran all {CFG.max_new_tokens} new tokens on 1 of 2 prompt(s); ")
+    assert f"SD {whole:.2f}× AR over those, {summed:.2f}× over all tokens and time" in line
+    assert "VIA-SD " in line and "HF assisted " in line and line in bench.markdown(result)
+
+
 def test_a_bad_prompt_line_is_an_error_naming_the_line(tmp_path, capsys):
     good = json.dumps({"task": "qa", "prompt": "Why is the sky blue?"})
     cases = {"not json": "line 3: not valid JSON", json.dumps({"task": "qa"}): 'line 3: "prompt"',

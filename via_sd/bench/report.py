@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .calls import PHASES
 from .drafter_methods import NAMES as DRAFTER_NAMES
-from .metrics import FIDELITY_TARGET, median_ratio, run_key
+from .metrics import FIDELITY_TARGET, median, median_ratio, run_key
 
 NAMES = {"ar": "AR", "sd": "SD", "via": "VIA-SD", "hf": "HF assisted", "llama-ar": "llama.cpp AR",
          "llama-sd": "llama.cpp SD", "llama-lookup": "llama.cpp lookup"}
@@ -55,7 +55,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {NAMES.get(m, m)} | {_f(v['tokens_per_s'], '{:.1f}')} | "
                          f"{_f(v['speedup_vs_ar'], '{:.2f}×')} | {_f(v['speedup_vs_sd'], '{:.2f}×')} |")
         lines += [f"- {n}" for n in p["notes"]] + [""]
-    lines += [*_peers_md(result), *_targets_md(result), ""]
+    lines += [*_peers_md(result), *_targets_md(result), *_whole_runs_md(result), ""]
     lines += [f"**{result['models']['drafter']} → {result['models']['verifier']}**, route "
               f"`{result['models']['route']}` ({len(result['models']['skipped'])} sub-layers skipped), "
               f"{result['machine']['device']} {result['models'].get('weights') or result['machine']['dtype']} weights, "
@@ -82,6 +82,28 @@ def markdown(result: dict) -> str:
                      f"{_f(a['agreement'], '{:.3f}')} | {_f(a['logprob_delta_vs_ar'], '{:+.3f}')} | "
                      f"{_f(a['identical_to_ar'], '{:.0%}')} | {_f(a['peak_memory_mb'], '{:.0f}')} |")
     return "\n".join(lines)
+
+
+def _whole_runs_md(result: dict) -> list[str]:
+    """× AR read two more ways: over the runs whose AR reply ran all max_new_tokens (one that ends early pays both
+    prompt reads for fewer tokens), and over every run's tokens and time summed (each pair's own machine)."""
+    runs, n = result["runs"], result["config"]["max_new_tokens"]
+    ar = {run_key(r): r for r in runs if r["method"] == "ar"}
+    methods = [m for m in result["methods"] if m != "ar" and not m.startswith("llama-")]
+    if not ar or not methods:
+        return []
+    whole = {k for k, r in ar.items() if r["new_tokens"] == n}
+    prompts = len({k[0] for k in whole})
+    parts = []
+    for m in methods:
+        pairs = [(r, ar[run_key(r)]) for r in runs if r["method"] == m and run_key(r) in ar
+                 and r.get("machine") == ar[run_key(r)].get("machine")]
+        ratios = [b["wall_ms"] / r["wall_ms"] for r, b in pairs if run_key(r) in whole and r["wall_ms"] > 0]
+        summed = sum(b["wall_ms"] for _, b in pairs) / max(sum(r["wall_ms"] for r, _ in pairs), 1e-9)
+        parts.append(f"{NAMES[m]} {_f(median(ratios) if ratios else None, '{:.2f}×')} AR over those, "
+                     f"{summed:.2f}× over all tokens and time")
+    return [f"Whole runs: the AR reply ran all {n} new tokens on {prompts} of {len(result['prompts'])} prompt(s); "
+                + "; ".join(parts) + " (a run's wall time, its prompt reads included; medians of paired runs).", ""]
 
 
 def _peers_md(result: dict) -> list[str]:
