@@ -233,7 +233,8 @@ def test_the_lookup_ceiling_script_prices_the_oracle_no_worse_than_a_fixed_looku
 
 def test_sd_with_gamma_auto_drafts_while_one_more_draft_pays_at_the_drafters_confidence():
     """cost.model.worth_another: a plain SD round goes on while the chain's chance (the product of the drafter's own
-    p(x)) times the run's acceptance buys one more draft's cost at the run's rate; a VIA-SD round drafts offer()'s."""
+    p(x)) times the run's acceptance buys one more draft's cost at the run's rate; a VIA-SD round and a sampled one
+    draft offer()'s."""
     import torch
 
     from via_sd.core.drafters import ModelDrafter
@@ -253,12 +254,12 @@ def test_sd_with_gamma_auto_drafts_while_one_more_draft_pays_at_the_drafters_con
             return logits
 
     sure = [0.0] * 3
-    for kind, drafts in (("sd", 10), ("via", None)):
-        drafter = ModelDrafter("model", config(gamma="auto"), profile, RoundCost(kind), Reader(),
-                               Sampler(config(gamma="auto"), "cpu"))
+    for kind, temperature, drafts in (("sd", 0.0, 10), ("via", 0.0, None), ("sd", 0.7, None)):
+        cfg = config(gamma="auto", temperature=temperature)
+        drafter = ModelDrafter("model", cfg, profile, RoundCost(kind), Reader(), Sampler(cfg, "cpu"))
         offered = drafter.offer()[0]
         proposal = drafter.propose(list(sure), 16)
-        if kind == "sd":  # past the i.i.d. model's round, up to and including the first unsure draft
+        if drafts:  # greedy SD: past the i.i.d. model's round, up to and including the first unsure draft
             assert offered < drafts == len(proposal.tokens) == proposal.gamma
             assert float(proposal.p[-1].max()) < 0.25 < float(proposal.p[-2].max())
         else:

@@ -53,12 +53,15 @@ class ModelDrafter:
         return self.round_cost.best(self.costs, self.rates)
 
     def propose(self, context: list[int], limit: int) -> Proposal:
-        """Drafts one token a step. With gamma="auto" a plain SD round (RoundCost "sd") goes on while one more draft
-        pays at the drafter's own confidence in the chain (cost.model.worth_another), up to MAX_GAMMA; a VIA-SD round
-        drafts the length offer() prices. Either stops early once the drafter's p(x) falls below config.draft_stop."""
+        """Drafts one token a step. With gamma="auto" a greedy plain SD round (RoundCost "sd") goes on while one more
+        draft pays at the drafter's own confidence in the chain (cost.model.worth_another), up to MAX_GAMMA: there a
+        draft is kept iff it is the verifier's top-1, which the drafter's p(top-1) predicts. Sampled, a draft is kept
+        with probability min(1, q(x) / p(x)), which p(x) does not predict (paired on held-out prompts at temperature
+        0.7 the rule drafted 3.3 a round for 0.97-0.99x the speed), and a VIA-SD round's tiers price it otherwise:
+        those draft the length offer() prices. Each stops early once p(x) falls below config.draft_stop."""
         if not limit:
             return NO_DRAFTS
-        by_confidence = self.config.auto_gamma and self.round_cost.kind == "sd"
+        by_confidence = self.config.auto_gamma and self.round_cost.kind == "sd" and self.sampler.greedy
         gamma, rate = self.offer() if self.config.auto_gamma else (self.config.gamma, 0.0)
         gamma = min(MAX_GAMMA if by_confidence else gamma, limit)
         tokens, dists, ext, chance = [], [], list(context), 1.0
