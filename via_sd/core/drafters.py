@@ -55,10 +55,10 @@ class ModelDrafter:
     def propose(self, context: list[int], limit: int) -> Proposal:
         """Drafts one token a step. With gamma="auto" a greedy plain SD round (RoundCost "sd") goes on while one more
         draft pays at the drafter's own confidence in the chain (cost.model.worth_another), up to MAX_GAMMA: there a
-        draft is kept iff it is the verifier's top-1, which the drafter's p(top-1) predicts. Sampled, a draft is kept
-        with probability min(1, q(x) / p(x)), which p(x) does not predict (paired on held-out prompts at temperature
-        0.7 the rule drafted 3.3 a round for 0.97-0.99x the speed), and a VIA-SD round's tiers price it otherwise:
-        those draft the length offer() prices. Each stops early once p(x) falls below config.draft_stop."""
+        draft is kept iff it is the verifier's top-1, which the drafter's p(top-1) predicts. A sampled draft is kept
+        with probability min(1, q(x) / p(x)), which p(x) does not predict (measured: BENCHMARKS.md, 2026-12-05), and
+        VIA-SD's tiers price a round otherwise: those draft the length offer() prices. Each stops early once p(x)
+        falls below config.draft_stop."""
         if not limit:
             return NO_DRAFTS
         by_confidence = self.config.auto_gamma and self.round_cost.kind == "sd" and self.sampler.greedy
