@@ -15,7 +15,8 @@ there the verifier would keep. Every way of decoding is then priced in milliseco
 
 SD / AR is AR's priced time over each one's, the prompt reads included (AR reads the prompt with the verifier, SD
 with both models). "as timed" divides the two engine runs' forwards as their clocks timed them, "measured" their wall
-times, back to back: what the priced ratio loses to the minute's speed and to everything a profile does not price. `--c` re-prices with the drafter's step at that share of a verifier step.
+times, back to back: what the priced ratio loses to the minute's speed and to everything a profile does not price.
+`--c` re-prices with the drafter's step at that share of a verifier step.
 
     .venv/bin/python -m benchmarks.drafter_ceiling --prompts assets/prompts/held_out.jsonl --tokens 64
     .venv/bin/python -m benchmarks.drafter_ceiling --preset random --limit 1 --tokens 8
@@ -66,10 +67,6 @@ def fixed_ms(runs: dict[int, int], start: int, end: int, profile, gamma: int) ->
     return ms
 
 
-def prompt_calls(trace) -> list[dict]:
-    return [c for r in trace.rounds for c in r["calls"] if reads_prompt(c)]
-
-
 def teacher_forced_top1(pair, seq: list[int], start: int) -> list[int]:
     """The drafter's top-1 for every position after seq[start], fed seq one token at a time as a run feeds it (its
     frequency-ranked head also scores the tokens it has seen: weights/heads.FrequentHead)."""
@@ -89,10 +86,10 @@ def measure(pair, prompt: str, tokens: int) -> dict:
     seq, start = prompt_ids + ar.token_ids, len(prompt_ids)
     runs = kept_runs(teacher_forced_top1(pair, seq, start), seq, start)
     kept = [runs[i] for i in range(start + 1, len(seq))]
+    ar_calls, sd_calls = ([c for r in t.rounds for c in r["calls"]] for t in (ar, sd))
     return {"tokens": len(ar.token_ids), "runs": runs, "start": start, "end": len(seq),
-            "ar_calls": [c for r in ar.rounds for c in r["calls"]], "sd_calls": [c for r in sd.rounds for c in r["calls"]],
-            "kept_share": sum(k > 0 for k in kept) / max(len(kept), 1),
-            "timed": sum(c["ms"] for r in ar.rounds for c in r["calls"]) / sum(c["ms"] for r in sd.rounds for c in r["calls"]),
+            "ar_calls": ar_calls, "sd_calls": sd_calls, "kept_share": sum(k > 0 for k in kept) / max(len(kept), 1),
+            "timed": sum(c["ms"] for c in ar_calls) / sum(c["ms"] for c in sd_calls),
             "measured": ar.summary["wall_ms"] / sd.summary["wall_ms"]}
 
 
