@@ -27,6 +27,7 @@ from __future__ import annotations
 import statistics
 
 from benchmarks.harness import parser, prompts, run_main
+from benchmarks.lookup_ceiling import least
 from via_sd import DecodeConfig, generate, load_pair
 from via_sd.core.cached import drafter_cache
 from via_sd.cost.model import call_ms, reads_prompt, scaled
@@ -47,14 +48,10 @@ def kept_runs(drafter_top1: list[int], seq: list[int], start: int) -> dict[int, 
 
 
 def oracle_ms(runs: dict[int, int], start: int, end: int, profile) -> float:
-    """The least milliseconds over every choice of round sizes to emit seq[start + 1:end], knowing `runs`: a round
-    of d drafts (d <= what will be kept: drafting past it widens the pass for no token) costs d drafter steps and a
-    verifier pass over d + 1 rows, and emits d + 1 tokens."""
-    least = {end: 0.0}
-    for i in range(end - 1, start, -1):
-        least[i] = min(d * profile.draft(1) + profile.verify(d + 1) + least[min(i + d + 1, end)]
-                       for d in range(min(runs[i], MAX_DRAFTS) + 1))
-    return least[start + 1]
+    """The least milliseconds to emit seq[start + 1:end] knowing `runs` (lookup_ceiling.least): a round of d drafts
+    costs d drafter steps and a verifier pass over d + 1 rows."""
+    return least({i: min(k, MAX_DRAFTS) for i, k in runs.items()}, start, end,
+                 lambda d: d * profile.draft(1) + profile.verify(d + 1))
 
 
 def fixed_ms(runs: dict[int, int], start: int, end: int, profile, gamma: int) -> float:

@@ -43,15 +43,23 @@ def matches(seq: list[int], start: int) -> dict:
     return {i: kept_at(seq, i) for i in range(start + 1, len(seq))}
 
 
+def least(kept: dict[int, int], start: int, end: int, round_cost) -> float:
+    """The least cost of emitting seq[start + 1:end] over every choice of round sizes, knowing `kept` ({i: how many
+    drafts from position i the verifier keeps}): a round of d <= kept[i] drafts (drafting past it widens the pass for
+    no token) costs round_cost(d) and emits d + 1 tokens. Dynamic programming from the end."""
+    best = {end: 0.0}
+    for i in range(end - 1, start, -1):
+        best[i] = min(round_cost(d) + best[min(i + d + 1, end)] for d in range(kept[i] + 1))
+    return best[start + 1]
+
+
 def replay(seq: list[int], start: int, profile, fixed: int, at: dict | None = None) -> dict:
     """Passes each policy spends to emit seq[start + 1:] (seq[start] comes from the prompt read). The oracle's is
-    the least over every choice of drafts (a prefix of what will be kept at each round: drafting past it costs a
-    wider pass for no token), by dynamic programming from the end. `at`: matches(seq, start), when already known."""
-    V, end, at = profile.V, len(seq), matches(seq, start) if at is None else at
-    least = {end: 0.0}
-    for i in range(end - 1, start, -1):
-        least[i] = min(V(d + 1) + least[min(i + d + 1, end)] for d in range(at[i][1] + 1))
-    return {"oracle": least[start + 1], f"fixed-{fixed}": fixed_passes(at, start, end, profile, fixed),
+    the least over every choice of drafts from the lookup's matches (`least`). `at`: matches(seq, start), when
+    already known."""
+    end, at = len(seq), matches(seq, start) if at is None else at
+    oracle = least({i: kept for i, (_, kept) in at.items()}, start, end, lambda d: profile.V(d + 1))
+    return {"oracle": oracle, f"fixed-{fixed}": fixed_passes(at, start, end, profile, fixed),
             "ours": ours(seq, start, profile)}
 
 
