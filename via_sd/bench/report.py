@@ -86,7 +86,8 @@ def markdown(result: dict) -> str:
 
 def _whole_runs_md(result: dict) -> list[str]:
     """× AR read two more ways: over the runs whose AR reply ran all max_new_tokens (one that ends early pays both
-    prompt reads for fewer tokens), and over every run's tokens and time summed (each pair's own machine)."""
+    prompt reads for fewer tokens), and over every run's tokens and time summed (each pair's own machine). Rates are
+    new tokens over a run's wall time: a method whose output is not AR's may emit another number of tokens."""
     runs, n = result["runs"], result["config"]["max_new_tokens"]
     ar = {run_key(r): r for r in runs if r["method"] == "ar"}
     methods = [m for m in result["methods"] if m != "ar" and not m.startswith("llama-")]
@@ -98,8 +99,9 @@ def _whole_runs_md(result: dict) -> list[str]:
     for m in methods:
         pairs = [(r, ar[run_key(r)]) for r in runs if r["method"] == m and run_key(r) in ar
                  and r.get("machine") == ar[run_key(r)].get("machine")]
-        ratios = [b["wall_ms"] / r["wall_ms"] for r, b in pairs if run_key(r) in whole and r["wall_ms"] > 0]
-        summed = sum(b["wall_ms"] for _, b in pairs) / max(sum(r["wall_ms"] for r, _ in pairs), 1e-9)
+        rate = lambda runs: sum(r["new_tokens"] for r in runs) / max(sum(r["wall_ms"] for r in runs), 1e-9)  # noqa
+        ratios = [rate([r]) / rate([b]) for r, b in pairs if run_key(r) in whole and b["new_tokens"]]
+        summed = rate([r for r, _ in pairs]) / max(rate([b for _, b in pairs]), 1e-9)
         parts.append(f"{NAMES[m]} {_f(median(ratios) if ratios else None, '{:.2f}×')} AR over those, "
                      f"{summed:.2f}× over all tokens and time")
     return [f"Whole runs: the AR reply ran all {n} new tokens on {prompts} of {len(result['prompts'])} prompt(s); "
