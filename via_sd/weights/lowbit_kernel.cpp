@@ -54,7 +54,9 @@ namespace {
 constexpr int64_t GROUP = 32;
 constexpr int64_t SUPER = 8;  // groups of a super-block
 constexpr int64_t PREFETCH = 4096;  // bytes of int4 codes fetched ahead (int8: twice); 1-4 KB measured best
-constexpr int64_t CHUNK = 256 << 10;  // bytes of codes a thread takes at a time: 64 KB read 6% slower (more stream starts)
+// bytes of codes a thread takes at a time: a larger chunk starts fewer memory streams, one past ~1 MB leaves the
+// attention's matrices in too few chunks to share between two threads (measured: BENCHMARKS.md, 2026-12-05)
+constexpr int64_t CHUNK = 512 << 10;
 enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
 inline float fp16(uint16_t h) {  // exact, as F16C's conversion
