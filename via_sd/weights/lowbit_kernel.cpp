@@ -54,9 +54,7 @@ namespace {
 constexpr int64_t GROUP = 32;
 constexpr int64_t SUPER = 8;  // groups of a super-block
 constexpr int64_t PREFETCH = 4096;  // bytes of int4 codes fetched ahead (int8: twice); 1-4 KB measured best
-// bytes of codes a thread takes at a time: a larger chunk starts fewer memory streams, one past ~1 MB leaves the
-// attention's matrices in too few chunks to share between two threads (measured: BENCHMARKS.md, 2026-12-05)
-constexpr int64_t CHUNK = 512 << 10;
+constexpr int64_t CHUNK = 128 << 10;  // bytes of codes a chunk of work holds (tiles_mm); measured: BENCHMARKS.md
 enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
 inline float fp16(uint16_t h) {  // exact, as F16C's conversion
@@ -628,9 +626,34 @@ struct Linears {
   }
 };
 
-// y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~CHUNK bytes of codes to
-// whichever thread asks next (ggml's way: on a shared machine a static split waits for the slower core at every
-// call); below two chunks of work, or inside a parallel region, the caller runs them.
+// Runs work(0 .. n - 1) on `threads` threads. Each owns a contiguous run of the chunks and takes them in order, so
+// its reads flow from one chunk into the next as one memory stream (the prefetch ahead runs on into the next); one
+// out of work takes the last chunk left in another's run, so on a shared machine nobody waits for the slower core.
+template <class Work>
+void run_chunks(uint64_t n, int threads, const Work& work) {
+  std::vector<std::atomic<uint64_t>> runs(threads);  // each run's [first, end), packed first | end << 32
+  for (int i = 0; i < threads; ++i) runs[i] = (n * i / threads) | ((n * (i + 1) / threads) << 32);
+  auto take = [&](int owner, bool last) -> int64_t {  // the run's first chunk (or its last), -1 when it is empty
+    uint64_t r = runs[owner].load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t first = r & 0xffffffff, end = r >> 32;
+      if (first >= end) return -1;
+      const uint64_t left = last ? first | ((end - 1) << 32) : (first + 1) | (end << 32);
+      if (runs[owner].compare_exchange_weak(r, left, std::memory_order_relaxed)) return int64_t(last ? end - 1 : first);
+    }
+  };
+#pragma omp parallel num_threads(threads)
+  {
+    const int me = omp_get_thread_num();
+    for (int other = 0; other < threads; ++other) {
+      const int owner = (me + other) % threads;
+      for (int64_t i; (i = take(owner, other > 0)) >= 0;) work(i);
+    }
+  }
+}
+
+// y [M, N] = x @ [W_0; W_1; ...].T (+ biases) (+ residual). The parts' tiles go out in chunks of ~CHUNK bytes of codes
+// (run_chunks); below two chunks of work, or inside a parallel region, the caller runs them.
 at::Tensor tiles_mm(const at::Tensor& x, const Linears& L, const at::Tensor& residual, int64_t isa) {
   TORCH_CHECK(isa >= GENERIC && isa <= best_isa(), "this CPU cannot run instruction set ", isa);
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kFloat && x.is_contiguous() && x.size(1) == L.K,
@@ -652,16 +675,14 @@ at::Tensor tiles_mm(const at::Tensor& x, const Linears& L, const at::Tensor& res
     const int64_t step = std::max<int64_t>(1, CHUNK / L.parts[i].tile_bytes());
     for (int64_t t = 0; t < L.parts[i].tiles; t += step) chunks.push_back({int64_t(i), t, std::min(L.parts[i].tiles, t + step)});
   }
-  auto work = [&](const Chunk& c) {
-    for (int64_t t = c.t0; t < c.t1; ++t) run_tile(int(isa), L.parts[c.part], a, t, out, N, res);
+  auto work = [&](int64_t i) {
+    for (int64_t t = chunks[i].t0; t < chunks[i].t1; ++t) run_tile(int(isa), L.parts[chunks[i].part], a, t, out, N, res);
   };
   const int threads = int(std::min<int64_t>(at::get_num_threads(), int64_t(chunks.size())));
   if (threads <= 1 || omp_in_parallel()) {
-    for (const Chunk& c : chunks) work(c);
+    for (size_t i = 0; i < chunks.size(); ++i) work(int64_t(i));
   } else {
-    std::atomic<size_t> next{0};
-#pragma omp parallel num_threads(threads)
-    for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < chunks.size();) work(chunks[i]);
+    run_chunks(chunks.size(), threads, work);
   }
   return y;
 }
