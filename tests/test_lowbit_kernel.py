@@ -218,3 +218,25 @@ def test_the_kernels_rms_norm_gives_torchs_bits():
             x = torch.randn(1, rows, width, generator=g) * torch.rand(1, rows, 1, generator=g) * 10
             x[..., 3] *= 50  # an outlier channel
             assert torch.equal(lowbit_kernel.rms_norm(x, weight, 1e-6), torch.rms_norm(x, (width,), weight, 1e-6))
+
+
+def test_a_calls_chunks_shared_by_any_number_of_threads_give_the_bits_of_one():
+    """tiles_mm hands each thread a run of the call's chunks and lets a thread out of work take the last chunks of
+    another's (run_chunks): with 1 to 5 threads on this machine's cores (more threads than cores: they are
+    descheduled mid-run, so chunks are taken from others), every tile is computed, once, into its own outputs."""
+    _, q, _ = _layers(2048, 1536, seed=9)  # 128 tiles of 48 groups: 12 KB of codes a tile, ~50 chunks
+    v = int6_layer(1024, 1536, seed=10)
+    layers = lowbit_kernel.parts([q, v])
+    g, threads = torch.Generator().manual_seed(11), torch.get_num_threads()
+    try:
+        for rows in (1, 8):
+            xs = [torch.randn(rows, 1536, generator=g) for _ in range(3)]
+            torch.set_num_threads(1)
+            alone = [lowbit_kernel.tiles_mm(x, layers) for x in xs]
+            for n in (2, 3, 5):
+                torch.set_num_threads(n)
+                for _ in range(4):
+                    for x, y in zip(xs, alone):  # a chunk left out would hold another input's outputs, or garbage
+                        assert torch.equal(lowbit_kernel.tiles_mm(x, layers), y), (rows, n)
+    finally:
+        torch.set_num_threads(threads)
