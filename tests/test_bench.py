@@ -89,6 +89,7 @@ def test_whole_runs_read_x_ar_over_the_replies_that_ran_every_token_and_over_all
             r["new_tokens"] = CFG.max_new_tokens - 3
         if (r["method"], r["prompt_index"], r["repeat"]) == ("via", 0, 0):  # VIA's output is not AR's: its own length
             r["new_tokens"] = CFG.max_new_tokens - 2
+        r["tokens_per_s"] = 1000.0 * r["new_tokens"] / r["wall_ms"]  # as a run records it (bench/calls.py)
     line = _whole_runs_md(result)[0]
     whole = statistics.median(wall[("ar", 0, k)] / wall[("sd", 0, k)] for k in range(2))
     summed = sum(wall[("ar", i, k)] for i in range(2) for k in range(2)) / \

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .calls import PHASES
 from .drafter_methods import NAMES as DRAFTER_NAMES
-from .metrics import FIDELITY_TARGET, median, median_ratio, run_key
+from .metrics import FIDELITY_TARGET, median, median_ratio, paired_ratios, run_key
 
 NAMES = {"ar": "AR", "sd": "SD", "via": "VIA-SD", "hf": "HF assisted", "llama-ar": "llama.cpp AR",
          "llama-sd": "llama.cpp SD", "llama-lookup": "llama.cpp lookup"}
@@ -87,7 +87,8 @@ def markdown(result: dict) -> str:
 def _whole_runs_md(result: dict) -> list[str]:
     """× AR read two more ways: over the runs whose AR reply ran all max_new_tokens (one that ends early pays both
     prompt reads for fewer tokens), and over every run's tokens and time summed (each pair's own machine). Rates are
-    new tokens over a run's wall time: a method whose output is not AR's may emit another number of tokens."""
+    new tokens over a run's wall time (a run's tokens_per_s): a method whose output is not AR's may emit another
+    number of tokens."""
     runs, n = result["runs"], result["config"]["max_new_tokens"]
     ar = {run_key(r): r for r in runs if r["method"] == "ar"}
     methods = [m for m in result["methods"] if m != "ar" and not m.startswith("llama-")]
@@ -95,15 +96,14 @@ def _whole_runs_md(result: dict) -> list[str]:
         return []
     whole = {k for k, r in ar.items() if r["new_tokens"] == n}
     prompts = len({k[0] for k in whole})
+    rate = lambda runs: sum(r["new_tokens"] for r in runs) / max(sum(r["wall_ms"] for r in runs), 1e-9)  # noqa: E731
     parts = []
     for m in methods:
-        pairs = [(r, ar[run_key(r)]) for r in runs if r["method"] == m and run_key(r) in ar
-                 and r.get("machine") == ar[run_key(r)].get("machine")]
-        rate = lambda runs: sum(r["new_tokens"] for r in runs) / max(sum(r["wall_ms"] for r in runs), 1e-9)  # noqa
-        ratios = [rate([r]) / rate([b]) for r, b in pairs if run_key(r) in whole and b["new_tokens"]]
-        summed = rate([r for r, _ in pairs]) / max(rate([b for _, b in pairs]), 1e-9)
-        parts.append(f"{NAMES[m]} {_f(median(ratios) if ratios else None, '{:.2f}×')} AR over those, "
-                     f"{summed:.2f}× over all tokens and time")
+        paired = {run_key(p): p["ratio"] for p in paired_ratios(runs, m, "ar")}  # same machine, tokens_per_s
+        mine = [r for r in runs if r["method"] == m and run_key(r) in paired]
+        summed = rate(mine) / max(rate([ar[run_key(r)] for r in mine]), 1e-9)
+        parts.append(f"{NAMES[m]} {_f(median([v for k, v in paired.items() if k in whole]), '{:.2f}×')} AR over "
+                     f"those, {summed:.2f}× over all tokens and time")
     return [f"Whole runs: the AR reply ran all {n} new tokens on {prompts} of {len(result['prompts'])} prompt(s); "
                 + "; ".join(parts) + " (a run's wall time, its prompt reads included; medians of paired runs).", ""]
 
