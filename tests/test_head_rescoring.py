@@ -1,10 +1,13 @@
 """The verifier head's re-scoring picks the very tokens topk picks (heads.best_k), and the exact rows and the
 embedding gather the rows advanced indexing gathered."""
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
-from via_sd.weights.gguf_pack import ExactRows
+from via_sd.weights import lowbit_kernel
+from via_sd.weights.gguf_pack import ExactRows, decompose
 from via_sd.weights.heads import CHUNK, LowbitEmbedding, RescoredHead, best_k
 from via_sd.weights.linears import Int4Linear
 
@@ -19,17 +22,46 @@ def logits(rows: int, vocab: int, seed: int, kind: str) -> torch.Tensor:
         x[0, -1, -3] = 50.0
     elif kind == "tied maxima":  # two chunks whose maxima tie at the k-th
         x[0, 0, ::CHUNK] = 30.0
+    elif kind == "tie at the k-th" and vocab > 40 * CHUNK:  # the 16th and 17th logits equal, in chunks ranked apart
+        x[0, 0, 7 * CHUNK + 9::2 * CHUNK][:15] = torch.arange(40.0, 55.0)  # chunk 7 and 14 more ranked first
+        x[0, 0, 100], x[0, 0, 7 * CHUNK + 50] = 30.0, 30.0  # chunk 0 ranks below chunk 7
     return x
 
 
-@pytest.mark.parametrize("kind", ["plain", "ties", "nan", "tail", "tied maxima"])
+@pytest.mark.parametrize("kind", ["plain", "ties", "nan", "tail", "tied maxima", "tie at the k-th"])
 @pytest.mark.parametrize("vocab", [151936, 151936 + 77, 98])
-def test_best_k_picks_the_set_topk_picks(kind, vocab):
+@pytest.mark.parametrize("path", ["kernel", "ATen"])  # head_rows.cpp's best_k_rows where the kernel is built
+def test_best_k_picks_the_set_topk_picks(kind, vocab, path):
+    if path == "kernel" and not lowbit_kernel.available():
+        pytest.skip(f"kernel not built: {lowbit_kernel.why_not()}")
     for seed, rows in enumerate([1, 3, 8]):
         x = logits(rows, vocab, seed, kind)
-        got, want = best_k(x, 16), x.topk(16, dim=-1).indices
+        if kind == "nan" and rows > 1 and vocab > 3 * CHUNK:
+            x[0, 1, 2 * CHUNK + 5] = float("-inf")  # and a -inf, and a NaN in the tail of another row
+            x[0, 2, -1] = float("nan")
+        with nullcontext() if path == "kernel" else lowbit_kernel.off():
+            got = best_k(x, 16)
+        want = x.topk(16, dim=-1).indices
         assert got.shape == want.shape
         assert all(set(a.tolist()) == set(b.tolist()) for a, b in zip(got.reshape(rows, 16), want.reshape(rows, 16)))
+
+
+@pytest.mark.skipif(not lowbit_kernel.available(), reason=f"kernel not built: {lowbit_kernel.why_not()}")
+def test_the_kernels_q6_k_rows_are_the_bits_numpy_gives():
+    """head_rows.cpp's q6k_rows against the numpy de-quantizer it stands in for (ExactRows under off()), with fp16 d
+    normal, subnormal and large."""
+    import numpy as np
+    from test_weights import k_quant_blocks
+
+    raw = k_quant_blocks("Q6_K", rows=300, cols=512)
+    d = raw.reshape(-1, 210)[:, -2:].copy().view(np.float16)
+    d[::7], d[3::11] = np.float16(3e-6), np.float16(-900.0)  # fp16 subnormals, and a large negative scale
+    raw.reshape(-1, 210)[:, -2:] = d.view(np.uint8)
+    rows, ids = ExactRows(torch.from_numpy(raw), "Q6_K", 512), torch.tensor([[0, 299, 17], [17, 150, 3]])
+    with lowbit_kernel.off():
+        want = rows(ids)
+    assert torch.equal(want[0, 0], torch.from_numpy(decompose(raw[:1], "Q6_K", (1, 512)).dequantize())[0])
+    assert torch.equal(rows(ids), want)
 
 
 def test_the_rescored_head_gives_what_it_gave_with_topk():

@@ -91,18 +91,21 @@ def test_a_failed_build_names_the_compilers_first_error(tmp_path):
     broken.write_text("#error the source is broken\n"  # line 1: an error
                       '#include "no_such_header.h"\n'  # line 2: a fatal one: the compiler stops, before the headers
                       + lowbit_kernel.SOURCE.read_text())
-    # ninja finishes the compiles it started before it stops: the real attention.cpp and bandwidth.cpp would take
-    # most of a minute
+    # ninja finishes the compiles it started before it stops: the real attention.cpp, bandwidth.cpp and head_rows.cpp
+    # would take most of a minute
     empty = tmp_path / "attention.cpp"
     empty.write_text("// not this test's subject\n")
     probe = tmp_path / "bandwidth.cpp"  # nor is the bandwidth probe
     probe.write_text("// not this test's subject\n")
+    rows = tmp_path / "head_rows.cpp"  # nor the head's rows
+    rows.write_text("// not this test's subject\n")
     done = python(f"""
 from pathlib import Path
 from via_sd.weights import lowbit_kernel
 lowbit_kernel.SOURCE = Path({str(broken)!r})  # the seam: the sources the build compiles
 lowbit_kernel.ATTENTION = Path({str(empty)!r})
 lowbit_kernel.BANDWIDTH = Path({str(probe)!r})
+lowbit_kernel.HEAD_ROWS = Path({str(rows)!r})
 
 from via_sd.cli.setup import report_kernel
 report_kernel()

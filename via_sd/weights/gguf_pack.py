@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import lowbit_kernel
 from .gguf_codes import DECOMPOSE, FLOAT_TYPES, SUPPORTED, Codes, UnsupportedTensorType, decompose  # noqa: F401
 from .gguf_file import GgufFile, TensorEntry
 from .paths import MODEL_FILE
@@ -217,8 +218,11 @@ class ExactRows:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).cpu()
-        # index_select, not blocks[flat]: torch's advanced indexing of uint8 rows split 16 rows over two threads and
-        # took milliseconds (BENCHMARKS.md, issue #39)
-        raw = self.blocks.index_select(0, flat).numpy()
-        w = torch.from_numpy(decompose(raw, self.kind, (len(flat), self.width)).dequantize())
+        if self.kind == "Q6_K" and lowbit_kernel.available():  # a verifier step's head: one call, the same bits
+            w = lowbit_kernel.module().q6k_rows(self.blocks, flat, self.width)  # (head_rows.cpp)
+        else:
+            # index_select, not blocks[flat]: torch's advanced indexing of uint8 rows split 16 rows over two threads
+            # and took milliseconds (BENCHMARKS.md, issue #39)
+            raw = self.blocks.index_select(0, flat).numpy()
+            w = torch.from_numpy(decompose(raw, self.kind, (len(flat), self.width)).dequantize())
         return w.view(*ids.shape, -1).to(ids.device)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from . import lowbit_kernel
 from .linears import Int4Linear, pack_nibbles, unpack_nibbles
 
 
@@ -90,12 +91,15 @@ def best_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     maxima (k distinct logits are at least the k-th largest maximum, and no logit of another chunk reaches it), so
     topk runs over k * CHUNK of them (and a tail of fewer than CHUNK). Where that set is not unique (a tie at the k-th
     logit, or a NaN, which topk ranks first), or two chunk maxima tie at the k-th, the whole row's topk decides,
-    as before."""
+    as before. Where the project's kernel is built, head_rows.cpp's best_k_rows does all of it in one call (a dozen
+    small ATen operations cost more than the search, right after the head's matmul)."""
     vocab = logits.shape[-1]
     chunks = vocab // CHUNK
     if chunks < 2 * k:
         return logits.topk(k, dim=-1).indices
     rows = logits.reshape(-1, vocab)
+    if lowbit_kernel.available() and rows.dtype == torch.float32 and rows.device.type == "cpu" and rows.stride(-1) == 1:
+        return lowbit_kernel.module().best_k_rows(rows, k, CHUNK).view(*logits.shape[:-1], k)  # one call: head_rows.cpp
     maxima = rows[:, :chunks * CHUNK].view(-1, chunks, CHUNK).amax(-1)
     ranked = maxima.topk(k + 1, dim=-1)
     if bool(maxima.isnan().any()) or not bool((ranked.values[:, k - 1] > ranked.values[:, k]).all()):

@@ -746,6 +746,8 @@ at::Tensor mlp_sublayer(at::Tensor h, at::Tensor norm, double eps, const Linears
 at::Tensor causal_attention(at::Tensor q, at::Tensor k, at::Tensor v, double scale, int64_t isa);  // attention.cpp
 int64_t stream_read(at::Tensor buffer, bool wide);  // bandwidth.cpp
 int64_t dot_peak(int64_t n, bool vnni);  // bandwidth.cpp
+at::Tensor best_k_rows(const at::Tensor& logits, int64_t k, int64_t chunk);  // head_rows.cpp
+at::Tensor q6k_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t width);  // head_rows.cpp
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("causal_attention", &causal_attention, "causal attention in one fixed order of arithmetic (attention.cpp)");
@@ -763,5 +765,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mlp_sublayer", &mlp_sublayer, "a decoder layer's MLP sub-layer in one call");
   m.def("stream_read", &stream_read, "reads a uint8 buffer once on every thread's share (the memory bandwidth probe)");
   m.def("dot_peak", &dot_peak, "runs the integer dot-product chains on every thread; returns the byte products made");
+  m.def("best_k_rows", &best_k_rows, "the indices of each row's k largest logits (heads.best_k's set)");
+  m.def("q6k_rows", &q6k_rows, "rows of a Q6_K tensor de-quantized from its blocks, gguf_codes' bits");
   m.def("best_isa", &best_isa, "0 generic, 1 AVX2 + FMA, 2 AVX-512 VNNI");
 }

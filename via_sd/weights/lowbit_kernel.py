@@ -30,6 +30,7 @@ from .paths import cache_root
 SOURCE = Path(__file__).with_name("lowbit_kernel.cpp")
 ATTENTION = Path(__file__).with_name("attention.cpp")  # the fixed-order causal attention, in the same module
 BANDWIDTH = Path(__file__).with_name("bandwidth.cpp")  # the memory read probe (scripts/kernel_breakdown.py)
+HEAD_ROWS = Path(__file__).with_name("head_rows.cpp")  # the head re-scoring's best k and Q6_K rows (heads.py)
 ISAS = {0: "generic", 1: "AVX2", 2: "AVX-512 VNNI"}
 FLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-std=c++17", "-fopenmp"]  # at::parallel_for is OpenMP
 
@@ -39,9 +40,14 @@ _state: dict = {}
 _off: ContextVar[bool] = ContextVar("via_sd_lowbit_off", default=False)
 
 
+def sources() -> tuple[Path, ...]:
+    """The files the module is built from (module globals: a test points them elsewhere)."""
+    return SOURCE, ATTENTION, BANDWIDTH, HEAD_ROWS
+
+
 def build_dir() -> Path:
     """One folder per source, flags and torch version, under the cache."""
-    code = SOURCE.read_bytes() + ATTENTION.read_bytes() + BANDWIDTH.read_bytes()
+    code = b"".join(source.read_bytes() for source in sources())
     key = hashlib.sha256(code + " ".join(FLAGS).encode() + torch.__version__.encode()).hexdigest()[:12]
     return cache_root() / "kernels" / key
 
@@ -61,7 +67,7 @@ def _build():
         if baton.exists():
             baton.unlink()
             log.warning("removed a stale build lock %s, left by a build that was stopped midway", baton)
-        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(SOURCE), str(ATTENTION), str(BANDWIDTH)],
+        return cpp_extension.load(name=f"via_sd_lowbit_{folder.name}", sources=[str(source) for source in sources()],
                                   extra_cflags=FLAGS,
                                   extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
 
@@ -117,7 +123,8 @@ def available() -> bool:
 
 @contextmanager
 def off():
-    """Layers built inside take torch's kernels (for side-by-side measurements and tests)."""
+    """Layers built inside take torch's kernels, and the head's re-scoring runs its ATen / numpy path (the same
+    values: head_rows.cpp) while inside (for side-by-side measurements and tests)."""
     token = _off.set(True)
     try:
         yield
