@@ -8,26 +8,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <vector>
 
+float fp16(uint16_t h);  // lowbit_kernel.cpp: exact, as numpy's float16 -> float32
+
 namespace {
 
-float half_to_float(uint16_t h) {  // exact, as numpy's float16 -> float32
-  const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 0x3ff;
-  if (exponent == 0) {
-    float f = std::ldexp(float(mantissa), -24);
-    return sign ? -f : f;
-  }
-  uint32_t u = sign | (exponent == 31 ? 0x7f800000u | (mantissa << 13) : ((exponent + 112) << 23) | (mantissa << 13));
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 constexpr int64_t Q6K_WEIGHTS = 256, Q6K_BYTES = 210;
-
 
 // Each whole chunk's maximum of a row of logits, and whether any of its values is NaN. A maximum is exact, so the
 // order of the comparisons does not matter (a tie of -0 and +0 compares equal either way).
@@ -124,7 +112,7 @@ at::Tensor q6k_rows(const at::Tensor& blocks, const at::Tensor& ids, int64_t wid
     for (int64_t b = 0; b < width / Q6K_WEIGHTS; ++b) {
       const uint8_t *ql = row + b * Q6K_BYTES, *qh = ql + 128;
       const int8_t* sc = reinterpret_cast<const int8_t*>(ql + 192);
-      const float d = half_to_float(uint16_t(ql[208] | (ql[209] << 8)));
+      const float d = fp16(uint16_t(ql[208] | (ql[209] << 8)));
       float* o = w + i * width + b * Q6K_WEIGHTS;
       for (int j = 0; j < Q6K_WEIGHTS; ++j) {  // half h of the block; in it, nibble f of byte j % 64, field j / 32
         const int h = j / 128, k = j % 128;

@@ -49,15 +49,7 @@
 #include <cstring>
 #include <vector>
 
-namespace {
-
-constexpr int64_t GROUP = 32;
-constexpr int64_t SUPER = 8;  // groups of a super-block
-constexpr int64_t PREFETCH = 4096;  // bytes of int4 codes fetched ahead (int8: twice); 1-4 KB measured best
-constexpr int64_t CHUNK = 128 << 10;  // bytes of codes a chunk of work holds (tiles_mm); measured: BENCHMARKS.md
-enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
-
-inline float fp16(uint16_t h) {  // exact, as F16C's conversion
+float fp16(uint16_t h) {  // exact, as F16C's conversion (and numpy's); head_rows.cpp uses it too
   const uint32_t sign = uint32_t(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 0x3ff;
   if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact
     float f = std::ldexp(float(mantissa), -24);
@@ -68,6 +60,15 @@ inline float fp16(uint16_t h) {  // exact, as F16C's conversion
   std::memcpy(&f, &u, 4);
   return f;
 }
+
+namespace {
+
+constexpr int64_t GROUP = 32;
+constexpr int64_t SUPER = 8;  // groups of a super-block
+constexpr int64_t PREFETCH = 4096;  // bytes of int4 codes fetched ahead (int8: twice); 1-4 KB measured best
+constexpr int64_t CHUNK = 128 << 10;  // bytes of codes a chunk of work holds (tiles_mm); measured: BENCHMARKS.md
+enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
+
 
 // sub-block j's 6-bit integer of output o: sc (at = 64, high = 192) or mn (at = 128, high = 224)
 inline int six(const uint8_t* sb, int at, int high, int64_t j, int o) {
