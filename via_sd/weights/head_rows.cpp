@@ -85,8 +85,7 @@ at::Tensor best_k_rows(const at::Tensor& logits, int64_t k, int64_t chunk) {
     if (unique) {
       for (int64_t i = 0; i < k; ++i) ids[r * k + i] = near[i].second;
     } else {
-      auto top = std::get<1>(at::topk(logits[r], k));
-      for (int64_t i = 0; i < k; ++i) ids[r * k + i] = top[i].item<int64_t>();
+      out[r].copy_(std::get<1>(at::topk(logits[r], k)));
     }
   }
   return out;

@@ -69,7 +69,6 @@ constexpr int64_t PREFETCH = 4096;  // bytes of int4 codes fetched ahead (int8: 
 constexpr int64_t CHUNK = 128 << 10;  // bytes of codes a chunk of work holds (tiles_mm); measured: BENCHMARKS.md
 enum Isa { GENERIC = 0, AVX2 = 1, AVX512_VNNI = 2 };
 
-
 // sub-block j's 6-bit integer of output o: sc (at = 64, high = 192) or mn (at = 128, high = 224)
 inline int six(const uint8_t* sb, int at, int high, int64_t j, int o) {
   return ((sb[at + 16 * (j >> 1) + o] >> (4 * (j & 1))) & 15) | (((sb[high + 16 * (j >> 2) + o] >> (2 * (j & 3))) & 3) << 4);
