@@ -7,7 +7,10 @@ thread count as torch. Each round, for every prompt in turn (the order of the pr
   - our AR over 64 new tokens: tokens/s from round 1 on (round 0 reads the prompt, as tg64 does not) and whole;
   - our SD (gamma auto) on the same prompt: whole-run tokens/s, and whether its output equals AR's;
   - llama.cpp prompt processing: `llama-bench ... -p 64 -n 0 -r 1` (pp64), against one verifier pass of ours
-    over a 64-token prompt (the last row's logits, as pp64 computes).
+    over a 64-token prompt (the last row's logits, as pp64 computes);
+  - verification's flatness: llama.cpp's passes of 1, 4 and 8 new rows after a 200-token context (`llama-bench
+    ... -p 1,4,8 -d 200 -n 0 -r 1`: its last row's logits only), against our verifier's passes over the same rows
+    after as long a context (every row's logits, as a verification needs): V(k) = pass(k) / pass(1) for each.
 Printed: medians, and ratios paired within a round (ours / llama.cpp measured next to each other).
 
     flock /tmp/via-sd-heavy.lock env HF_HUB_OFFLINE=1 .venv/bin/python scripts/llama_cpp_peer.py \
@@ -36,6 +39,36 @@ def llama_bench(binary: str, gguf: Path, threads: int, prompt: int, gen: int) ->
     cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-r", "1", "-o", "json"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return float(json.loads(out)[0]["avg_ts"])
+
+
+def llama_passes(binary: str, gguf: Path, threads: int, rows: list[int], context: int) -> dict[int, float]:
+    """Milliseconds of one llama.cpp pass over k new tokens after `context` cached ones, for each k in `rows`."""
+    cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, rows)), "-d", str(context), "-n", "0",
+           "-r", "1", "-o", "json"]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return {int(test["n_prompt"]): test["avg_ns"] / 1e6 for test in json.loads(out)}
+
+
+def our_passes(pair, rows: list[int], context: int) -> dict[int, float]:
+    """Milliseconds of one verifier pass of ours over k new tokens after `context` cached ones (every row's logits,
+    as the decoders verify), the best of two, for each k in `rows`."""
+    import torch
+
+    from via_sd.core.cached import model_cache
+
+    seq = torch.randint(1000, 20000, (context + max(rows),), generator=torch.Generator().manual_seed(context)).tolist()
+    cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")
+    cached.logits(seq, context, 1)
+    times = {}
+    for k in rows:
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            cached.logits(seq, context + k, k)
+            best = min(best, (time.perf_counter() - start) * 1e3)
+            cached.rollback(context)
+        times[k] = best
+    return times
 
 
 def after_prompt(trace) -> float:
@@ -67,6 +100,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=64)
     ap.add_argument("--no-sd", action="store_true", help="AR only")
+    ap.add_argument("--verify-rows", default="4,8", help="rows k of the verification passes compared ('' to skip)")
+    ap.add_argument("--context", type=int, default=200, help="tokens cached before a verification pass")
     ap.add_argument("--json", help="also write every sample here")
     args = ap.parse_args(argv)
 
@@ -83,6 +118,10 @@ def main(argv=None) -> int:
         "llama pp": lambda p: llama_bench(args.llama_bench, verifier_gguf, threads, args.prompt_tokens, 0),
         "ours pp": lambda p: our_prompt_read(pair, args.prompt_tokens),
     }
+    rows = [1] + [int(k) for k in args.verify_rows.split(",") if k.strip() and int(k) > 1]
+    if len(rows) > 1:
+        probes["llama verify"] = lambda p: llama_passes(args.llama_bench, verifier_gguf, threads, rows, args.context)
+        probes["ours verify"] = lambda p: our_passes(pair, rows, args.context)
     if not args.no_sd:
         probes["ours sd"] = lambda p: generate(pair, p, "sd", DecodeConfig(max_new_tokens=args.tokens))
     samples = []
@@ -95,6 +134,12 @@ def main(argv=None) -> int:
                 row[name] = probes[name](prompt)
             ar, sd = row.pop("ours ar"), row.pop("ours sd", None)
             row.update({"ours ar": after_prompt(ar), "ours ar whole": ar.summary["tokens_per_s"]})
+            for who in ("llama", "ours"):
+                passes = row.pop(f"{who} verify", None)
+                for k, ms in (passes or {}).items():
+                    row[f"{who} pass {k}"] = ms
+                    if k > 1:
+                        row[f"{who} V({k})"] = ms / passes[1]
             if sd is not None:
                 row.update({"ours sd": sd.summary["tokens_per_s"], "sd == ar": sd.token_ids == ar.token_ids})
             samples.append(row)
@@ -115,6 +160,16 @@ def report(samples: list[dict], pair, threads: int, args) -> None:
           f"{med('ours ar'):.1f} | **{paired('ours ar', 'llama tg'):.2f}x** |")
     print(f"| prompt, {args.prompt_tokens} tokens (pp{args.prompt_tokens}) | {med('llama pp'):.1f} | "
           f"{med('ours pp'):.1f} | {paired('ours pp', 'llama pp'):.2f}x |")
+    rows = sorted(int(key.split()[-1]) for key in samples[0] if key.startswith("ours pass "))
+    if rows:
+        print(f"\nverification after a {args.context}-token context (a pass over k new rows; llama.cpp computes its "
+              f"last row's logits, ours every row's):\n")
+        print("| rows k | llama.cpp ms | llama.cpp V(k) | ours ms | ours V(k) | ours / llama.cpp speed (paired) |\n"
+              "|---|---|---|---|---|---|")
+        for k in rows:
+            v = (lambda who: f"{med(f'{who} V({k})'):.2f}") if k > 1 else (lambda who: "1")
+            print(f"| {k} | {med(f'llama pass {k}'):.1f} | {v('llama')} | {med(f'ours pass {k}'):.1f} | "
+                  f"**{v('ours')}** | {paired(f'llama pass {k}', f'ours pass {k}'):.2f}x |")
     if "ours sd" in samples[0]:
         same = sum(s["sd == ar"] for s in samples) / len(samples)
         print(f"\nour SD, whole {args.tokens}-token runs: {med('ours sd'):.1f} tokens/s, **{paired('ours sd', 'ours ar whole'):.2f}x "
