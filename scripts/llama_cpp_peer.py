@@ -45,8 +45,11 @@ def llama_passes(binary: str, gguf: Path, threads: int, rows: list[int], context
     """Milliseconds of one llama.cpp pass over k new tokens after `context` cached ones, for each k in `rows`."""
     cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, rows)), "-d", str(context), "-n", "0",
            "-r", "1", "-o", "json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return {int(test["n_prompt"]): test["avg_ns"] / 1e6 for test in json.loads(out)}
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:  # e.g. a llama-bench from before -d (context depth): say so, and how to go on without
+        raise SystemExit(f"llama-bench failed on the verification passes ({' '.join(cmd)}): "
+                         f"{(run.stderr or run.stdout).strip()[-400:]}\nrun with --verify-rows '' to skip them")
+    return {int(test["n_prompt"]): test["avg_ns"] / 1e6 for test in json.loads(run.stdout)}
 
 
 def our_passes(pair, rows: list[int], context: int) -> dict[int, float]:
