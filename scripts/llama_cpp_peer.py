@@ -34,44 +34,35 @@ from via_sd.weights.embedded import embedded_gguf_paths  # noqa: E402
 from via_sd.bench.inputs import load_prompts  # noqa: E402
 
 
+def run_llama_bench(binary: str, gguf: Path, threads: int, args: list[str], hint: str = "") -> list[dict]:
+    """The tests of one `llama-bench` run (-r 1: one timed repetition after its own warm-up), as its JSON gives them;
+    a failed run stops the bench with its command, the peer's own error and `hint`."""
+    cmd = [binary, "-m", str(gguf), "-t", str(threads), *args, "-r", "1", "-o", "json"]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise SystemExit(f"llama-bench failed ({' '.join(cmd)}): {(run.stderr or run.stdout).strip()[-400:]}{hint}")
+    return json.loads(run.stdout)
+
+
 def llama_bench(binary: str, gguf: Path, threads: int, prompt: int, gen: int) -> float:
-    """tokens/s of one `llama-bench` run (-r 1: one timed repetition after its own warm-up)."""
-    cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", str(prompt), "-n", str(gen), "-r", "1", "-o", "json"]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return float(json.loads(out)[0]["avg_ts"])
+    """tokens/s of one `llama-bench` run over `prompt` prompt tokens or `gen` generated ones."""
+    return float(run_llama_bench(binary, gguf, threads, ["-p", str(prompt), "-n", str(gen)])[0]["avg_ts"])
 
 
 def llama_passes(binary: str, gguf: Path, threads: int, rows: list[int], context: int) -> dict[int, float]:
     """Milliseconds of one llama.cpp pass over k new tokens after `context` cached ones, for each k in `rows`."""
-    cmd = [binary, "-m", str(gguf), "-t", str(threads), "-p", ",".join(map(str, rows)), "-d", str(context), "-n", "0",
-           "-r", "1", "-o", "json"]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:  # e.g. a llama-bench from before -d (context depth): say so, and how to go on without
-        raise SystemExit(f"llama-bench failed on the verification passes ({' '.join(cmd)}): "
-                         f"{(run.stderr or run.stdout).strip()[-400:]}\nrun with --verify-rows '' to skip them")
-    return {int(test["n_prompt"]): test["avg_ns"] / 1e6 for test in json.loads(run.stdout)}
+    tests = run_llama_bench(binary, gguf, threads, ["-p", ",".join(map(str, rows)), "-d", str(context), "-n", "0"],
+                            hint="\n(a llama-bench from before -d, the context depth?) run with --verify-rows '' to "
+                                 "skip the verification passes")
+    return {int(test["n_prompt"]): test["avg_ns"] / 1e6 for test in tests}
 
 
 def our_passes(pair, rows: list[int], context: int) -> dict[int, float]:
     """Milliseconds of one verifier pass of ours over k new tokens after `context` cached ones (every row's logits,
-    as the decoders verify), the best of two, for each k in `rows`."""
-    import torch
+    as the decoders verify), the median of two, for each k in `rows`: kernel_breakdown.verify_curve's passes."""
+    from kernel_breakdown import verify_curve  # scripts/, beside this one
 
-    from via_sd.core.cached import model_cache
-
-    seq = torch.randint(1000, 20000, (context + max(rows),), generator=torch.Generator().manual_seed(context)).tolist()
-    cached = model_cache(pair.verifier, pair.vocab_size, "cpu", "cpu")
-    cached.logits(seq, context, 1)
-    times = {}
-    for k in rows:
-        best = float("inf")
-        for _ in range(2):
-            start = time.perf_counter()
-            cached.logits(seq, context + k, k)
-            best = min(best, (time.perf_counter() - start) * 1e3)
-            cached.rollback(context)
-        times[k] = best
-    return times
+    return {k: seconds * 1e3 for k, (seconds, _) in verify_curve(pair, context, rows, sweeps=2).items()}
 
 
 def after_prompt(trace) -> float:
