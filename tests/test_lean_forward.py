@@ -87,6 +87,23 @@ def test_the_cache_grows_past_its_first_capacity_and_keeps_what_it_held():
     assert lean.cache.keys[0].shape[1] == 1024
 
 
+def test_rope_rows_from_the_table_have_the_bits_of_a_pass_alone():
+    """A default RoPE's cos / sin come from a table of positions 0.. (grown past its first 256 rows): each row has the
+    bits the rotary module gives that pass alone. A RoPE whose frequencies follow the length (dynamic) is not
+    tabled."""
+    net = LeanDecoder(tiny_llama(max_position_embeddings=1024), 128, "cpu", "cpu").net
+    assert net.rope_fixed
+    h = torch.zeros(1, 1, 128)
+    for start, n in [(0, 7), (250, 9), (600, 3), (5, 1)]:  # 250 + 9 and 600 grow the table
+        got = net._rope(h, start, n)
+        alone = net._rope_of(h, start, n)
+        assert all(torch.equal(a, b) and a.is_contiguous() for a, b in zip(got, alone))
+    assert net.rope_rows[0].shape[0] == 1024
+    dynamic = LeanDecoder(tiny_llama(rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}),
+                          128, "cpu", "cpu").net
+    assert not dynamic.rope_fixed and dynamic._rope(h, 0, 4)[0].shape == (4, 32) and dynamic.rope_rows is None
+
+
 def test_models_it_cannot_run_keep_transformers_forward():
     assert not supports(tiny_llama(layer_types=["full_attention", "sliding_attention"], sliding_window=8))
     assert isinstance(drafter_cache(tiny_llama(layer_types=["full_attention", "sliding_attention"], sliding_window=8),
