@@ -14,7 +14,7 @@ from via_sd.core.cached import CachedModel, LeanDecoder, model_cache
 from via_sd.core.progressive import ProgressiveVerifier
 from via_sd.weights import lowbit_kernel
 from via_sd.weights.fused import fuse_linears
-from via_sd.weights.lean_forward import LeanCache
+from via_sd.weights.lean_cache import LeanCache
 from via_sd.weights.linears import Int8Linear
 from via_sd.weights.row_attention import use_row_attention
 from via_sd.weights.settings import apply_weights

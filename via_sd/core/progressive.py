@@ -16,7 +16,7 @@ from .routing import SlimVerifier
 
 def crop_cache(cache, length: int) -> None:
     """Forgets every cached position from `length` on, layer by layer (layers may be shared)."""
-    if hasattr(cache, "crop_to"):  # the lean forward's (lean_forward.LeanCache)
+    if hasattr(cache, "crop_to"):  # the lean forward's (lean_cache.LeanCache)
         cache.crop_to(length)
         return
     for layer in cache.layers:

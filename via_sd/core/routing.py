@@ -19,7 +19,8 @@ import torch
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from ..weights.lean_forward import LeanCache, LeanNet, exact
+from ..weights.lean_cache import LeanCache
+from ..weights.lean_forward import LeanNet, exact
 from .catalog import ROUTES_DIR, shipped_routes  # noqa: F401 (re-exported)
 from ..weights.row_attention import extending
 
