@@ -1,8 +1,9 @@
 """A built model's streamed weights in 2 MB pages (Linux's transparent huge pages), read from its file.
 
-torch.load(mmap=True) maps the built file in 4 KB pages: a decode step streams its ~1 GB of weights through a
-quarter of a million page translations, and each turn from the drafter to the verifier finds the other's page
-tables pushed out of the caches by the weights themselves. In 2 MB pages the same step needs a few hundred. So the
+torch.load(mmap=True) maps the built file in the page cache's pages: a file just written comes back mostly in 2 MB
+folios, one read back after a restart mostly in 4 KB pages, and then a decode step streams its ~1 GB of weights
+through a quarter of a million page translations, each turn from the drafter to the verifier finding the other's
+page tables pushed out of the caches by the weights themselves. In 2 MB pages it needs a few hundred. So the
 weights every pass reads (the decoder layers' low-bit linears and the head's streamed matrix; not the rows the head
 looks up now and then) are read from the file with pread, from the page cache and not through the mapping, into an
 anonymous private mapping asked for huge pages, and every tensor on them is pointed there (Tensor.set_, so every
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-HUGE = 2 << 20  # bytes of a huge page; smaller storages stay in the file's pages
+HUGE = 2 << 20  # bytes of a huge page; a model streaming less stays in the file's pages
 KERNEL_TENSORS = ("packed", "weight", "scales", "scale", "bias")  # what lowbit_kernel.parts hands the kernel
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
