@@ -3,13 +3,13 @@
 torch.load(mmap=True) maps the built file in the page cache's pages: a file just written comes back mostly in 2 MB
 folios, one read back after a restart mostly in 4 KB pages, and then a decode step streams its ~1 GB of weights
 through a quarter of a million page translations, each turn from the drafter to the verifier finding the other's
-page tables pushed out of the caches by the weights themselves. In 2 MB pages it needs a few hundred. So the
-weights every pass reads (the decoder layers' low-bit linears and the head's streamed matrix; not the rows the head
-looks up now and then) are read from the file with pread, from the page cache and not through the mapping, into an
-anonymous private mapping asked for huge pages, and every tensor on them is pointed there (Tensor.set_, so every
-module holding one sees it). The process maps none of their file pages, so they are not counted twice, and the
-values, hence the bits, are the file's. Where the system has no transparent huge pages (another OS, THP off) or a
-storage is not in the file, nothing moves. Measured: BENCHMARKS.md, 2026-12-05 (late morning).
+page tables pushed out of the caches by the weights themselves. In 2 MB pages it needs a few hundred. So the tensors
+every pass reads (the decoder layers', the final norm's, the head's streamed matrix; not the rows the head or the
+embedding look up now and then) are read from the file with pread, from the page cache and not through the mapping,
+into one anonymous private mapping asked for huge pages, and every tensor on them is pointed there (Tensor.set_, so
+every module holding one sees it). The process maps none of their file pages, so they are not counted twice, and
+the values, hence the bits, are the file's. Where the system has no transparent huge pages (another OS, THP off) or
+a storage is not in the file, nothing moves. Measured: BENCHMARKS.md, 2026-12-05 (late morning).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 import torch
 
 HUGE = 2 << 20  # bytes of a huge page; a model streaming less stays in the file's pages
-KERNEL_TENSORS = ("packed", "weight", "scales", "scale", "bias")  # what lowbit_kernel.parts hands the kernel
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 log = logging.getLogger(__name__)
@@ -37,13 +36,13 @@ def available() -> bool:
 
 
 def streamed(model) -> list[torch.Tensor]:
-    """The tensors a pass reads whole: the low-bit linears of the decoder layers and the head's (a re-scored or
-    narrowed head's streamed layer; not the rows it looks up)."""
+    """The tensors every pass reads: all the decoder layers' and the final norm's, and the head's streamed layer (a
+    re-scored or narrowed head's; not the rows it looks up, nor the embedding's). Each once."""
     head = getattr(model, "lm_head", None)
-    modules = list(model.model.layers.modules()) + [getattr(head, "head", head)]
-    found = {id(t): t for m in modules if getattr(m, "kernel_kind", None) is not None
-             for t in (getattr(m, name, None) for name in KERNEL_TENSORS) if isinstance(t, torch.Tensor)}
-    return list(found.values())  # each tensor once (a fused part's `weight` is its stack's codes)
+    parts = [model.model.layers, getattr(model.model, "norm", None), getattr(head, "head", head)]
+    found = {id(t): t for part in parts if part is not None for m in part.modules()
+             for t in (*m._parameters.values(), *m._buffers.values(), *vars(m).values()) if isinstance(t, torch.Tensor)}
+    return list(found.values())
 
 
 def _file_ranges(path: Path) -> list[tuple[int, int, int]]:
