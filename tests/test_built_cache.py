@@ -61,34 +61,6 @@ def test_a_second_start_opens_the_built_model_with_the_same_outputs_and_its_watc
     assert len(second._forward_pre_hooks) == len(first._forward_pre_hooks) == 1
 
 
-def test_an_opened_model_reads_its_streamed_weights_from_anonymous_memory_with_the_same_outputs(tmp_path,
-                                                                                                monkeypatch):
-    """An opened model's streamed weights (pages.py) leave the file's mapping for one anonymous mapping asked for
-    huge pages, with the file's values; where the system has no huge pages they stay in the file's pages."""
-    from via_sd.weights import pages
-
-    monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")
-    monkeypatch.setattr(pages, "HUGE", 4096)  # the tiny model's weights are far under 2 MB
-    monkeypatch.setattr(pages, "available", lambda: True)
-    folder, calls = codes_folder(tmp_path), []
-    first = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))  # built here: not from a file
-    moved = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
-    monkeypatch.setattr(pages, "available", lambda: False)
-    kept = built_model(folder, "int4", {"exact_top1": False}, builder(folder, calls))
-    assert len(calls) == 1
-    path = built_path(folder, built.built_key(folder, "int4", {"exact_top1": False}))
-    ranges = pages._file_ranges(path)
-    in_file = [any(start <= t.data_ptr() < end for start, end, _ in ranges) for t in pages.streamed(moved)]
-    assert in_file and not any(in_file)
-    assert all(any(start <= t.data_ptr() < end for start, end, _ in ranges) for t in pages.streamed(kept))
-    assert len({t.untyped_storage().data_ptr() for t in pages.streamed(moved)}) == 1  # side by side in one mapping
-    for a, b in zip(pages.streamed(moved), pages.streamed(kept)):
-        assert torch.equal(a, b)
-    ids = torch.tensor([[5, 7, 9, 11, 13]])
-    with torch.no_grad():
-        assert torch.equal(moved(ids).logits, first(ids).logits) and torch.equal(kept(ids).logits, first(ids).logits)
-
-
 def test_another_kernel_source_or_gguf_is_another_key_and_the_oldest_file_goes(tmp_path, monkeypatch):
     monkeypatch.setattr(built, "cache_root", lambda: tmp_path / "cache")  # the kernel's build stays where it is
     folder, calls = codes_folder(tmp_path), []

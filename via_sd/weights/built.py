@@ -33,7 +33,6 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .pages import into_huge_pages
 from .paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -120,7 +119,6 @@ def _open(path: Path, key: dict) -> nn.Module | None:
         model = torch.load(path, mmap=True, weights_only=False)
         if not isinstance(model, nn.Module) or getattr(model, "via_sd_built", None) != key:
             raise ValueError(f"holds a {type(model).__name__} of another key")
-        into_huge_pages(model, path)  # before any pass touches the file's pages
     except Exception as err:  # a truncated or foreign file: build again
         log.warning("the built model %s did not open (%s): building it again", path, str(err)[:200])
         return None
