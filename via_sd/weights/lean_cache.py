@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import torch
 
-FIRST_CAPACITY = 256  # cache rows allocated at first; doubled whenever a pass needs more (the RoPE table too)
+FIRST_CAPACITY = 256  # cache rows allocated at first; doubled whenever a pass needs more
+
+
+def grown(held: int, end: int) -> int:
+    """Rows a buffer holding `held` rows grows to for a pass reaching `end` (the KV buffers, the RoPE table)."""
+    return max(FIRST_CAPACITY, 2 * held, end)
 
 
 class LeanCache:
@@ -31,12 +36,11 @@ class LeanCache:
                                f"from position {start} was asked for")
         keys, values = self.keys[layer], self.values[layer]
         if keys is None or keys.shape[1] < end:
-            capacity = 0 if keys is None else keys.shape[1]
-            size = max(FIRST_CAPACITY, 2 * capacity, end)
-            grown = [torch.empty((1, size, kv_heads, head_dim), dtype=like.dtype, device=like.device) for _ in "kv"]
+            size = grown(0 if keys is None else keys.shape[1], end)
+            bigger = [torch.empty((1, size, kv_heads, head_dim), dtype=like.dtype, device=like.device) for _ in "kv"]
             if keys is not None:
-                grown[0][:, :start], grown[1][:, :start] = keys[:, :start], values[:, :start]
-            keys, values = self.keys[layer], self.values[layer] = grown
+                bigger[0][:, :start], bigger[1][:, :start] = keys[:, :start], values[:, :start]
+            keys, values = self.keys[layer], self.values[layer] = bigger
         self.lengths[layer] = end
         return keys, values
 

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from . import lowbit_kernel
 from .fused import FusedPart
 from .heads import HeadContext, using_context
-from .lean_cache import FIRST_CAPACITY, LeanCache
+from .lean_cache import LeanCache, grown
 
 ARCHITECTURES = ("llama", "qwen2")
 
@@ -169,7 +169,7 @@ class LeanNet:
             return self._rope_of(h, start, n)
         rows, end = self.rope_rows, start + n  # one read, one assignment: a run in another thread sees either table
         if rows is None or rows[0].shape[0] < end or (rows[0].dtype, rows[0].device) != (h.dtype, h.device):
-            rows = self.rope_rows = self._rope_of(h, 0, max(FIRST_CAPACITY, end, 2 * len(rows[0]) if rows else 0))
+            rows = self.rope_rows = self._rope_of(h, 0, grown(len(rows[0]) if rows else 0, end))
         return rows[0][start:end], rows[1][start:end]
 
     def _rope_of(self, h: torch.Tensor, start: int, n: int):
