@@ -320,6 +320,7 @@ def release_slider(page, elem_id: str, fraction: float) -> None:
 
 
 def checked_preset(page) -> str:
+    page.wait_for_selector("#threshold-preset input:checked", state="attached")  # the page renders in parts
     return page.eval_on_selector("#threshold-preset", "e => [...e.querySelectorAll('label')].find("
                                  "l => l.querySelector('input:checked'))?.innerText.trim()")
 
