@@ -353,7 +353,10 @@ def test_drafts_show_pending_then_their_tier_color(browser, app_url):
 
 def test_race_replay_plays_all_three_lanes_to_their_recorded_token_counts(browser, app_url):
     page = open_page(browser, app_url)
-    assert page.locator("#ar-tokens").is_visible() and page.locator("#with-ar input").is_checked(), "AR on by default"
+    from playwright.sync_api import expect
+
+    expect(page.locator("#ar-tokens"), "AR on by default").to_be_visible()  # expect waits for the part to render
+    expect(page.locator("#with-ar input")).to_be_checked()
     page.locator("#prompt textarea").fill("Write a haiku about the sea.")
     set_number(page, "max-new-tokens", 48)
     run_and_wait(page)
