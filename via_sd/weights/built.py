@@ -5,8 +5,8 @@ kernel's tiles, the drafter's head rows selected, q/k/v and gate/up fused) is th
 first start builds both models at once, each in a child process (`build_apart`: a clean process builds faster than
 one serving the page), which saves what it built (torch.save of the module tree: exactly the tensors the built
 layers hold, and the modules that hold them); the load, and every later start, opens that file memory-mapped
-(torch.load(mmap=True)): nothing is converted, and the OS is asked to read the file ahead (posix_fadvise WILLNEED)
-rather than page by page as the first passes touch it.
+(torch.load(mmap=True)): nothing is converted, and the file is read into the page cache first, whole and in 2 MB
+pages where the OS has them (page_cache.py), rather than page by page as the first passes touch it.
 
 A file is keyed by everything that decides its bytes: the GGUF's sha256 (READY.json of the cache folder), the
 weights layer's sources (via_sd/weights/*.py and *.cpp: a kernel whose layout changes is another key), the layout
@@ -33,6 +33,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from .page_cache import read_in_large_pages
 from .paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -98,24 +99,9 @@ def _watch(model: nn.Module) -> None:
             module.watch(model)
 
 
-def _read_ahead(path: Path) -> None:
-    """Asks the OS to read the whole file into the page cache now, in large sequential reads (a persistent disk
-    after a restart: otherwise each page is read when a pass first touches it, during the first run)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-    except (OSError, AttributeError):  # no posix_fadvise (macOS, Windows): pages are read as they are touched
-        pass
-    finally:
-        os.close(fd)
-
-
 def _open(path: Path, key: dict) -> nn.Module | None:
     try:
-        _read_ahead(path)
+        read_in_large_pages(path)
         model = torch.load(path, mmap=True, weights_only=False)
         if not isinstance(model, nn.Module) or getattr(model, "via_sd_built", None) != key:
             raise ValueError(f"holds a {type(model).__name__} of another key")
