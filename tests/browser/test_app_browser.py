@@ -81,6 +81,7 @@ def open_page(browser, url: str, theme: str = "light"):
     page.set_default_timeout(TIMEOUT_MS)
     page.goto(url + ("?__theme=dark" if theme == "dark" else ""), wait_until="domcontentloaded")
     page.wait_for_selector("#run")
+    page.wait_for_selector("#threshold-preset input:checked", state="attached")  # the sidebar renders apart
     return page
 
 
@@ -320,7 +321,6 @@ def release_slider(page, elem_id: str, fraction: float) -> None:
 
 
 def checked_preset(page) -> str:
-    page.wait_for_selector("#threshold-preset input:checked", state="attached")  # the page renders in parts
     return page.eval_on_selector("#threshold-preset", "e => [...e.querySelectorAll('label')].find("
                                  "l => l.querySelector('input:checked'))?.innerText.trim()")
 
