@@ -55,3 +55,20 @@ def test_a_small_or_missing_file_is_only_read_ahead(tmp_path):
     read_in_large_pages(small)
     read_in_large_pages(tmp_path / "missing.bin")
     assert small.read_bytes() == b"x" * 4096
+
+
+def test_a_file_the_kernel_keeps_small_is_read_again_once_not_at_every_load(tmp_path, monkeypatch):
+    """Where a second read leaves the file small too (huge pages off, a filesystem without large folios), a note
+    beside it stops later loads from dropping a warm cache and reading the file again at every start."""
+    path = tmp_path / "weights.bin"
+    path.write_bytes(os.urandom(4 << 20))
+    monkeypatch.setattr(page_cache, "_populate", lambda fd, size: 0.0)  # what such a kernel reports
+    drops = []
+    advise = os.posix_fadvise
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, o, n, how: (drops.append(how), advise(fd, o, n, how)))
+    for _ in range(3):
+        read_in_large_pages(path)
+    assert drops.count(os.POSIX_FADV_DONTNEED) == 1
+    assert (tmp_path / "weights.bin.small-pages").exists()
+    page_cache.forget(path)
+    assert not (tmp_path / "weights.bin.small-pages").exists()

@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from .page_cache import read_in_large_pages
+from .page_cache import forget, read_in_large_pages
 from .paths import cache_root
 
 log = logging.getLogger(__name__)
@@ -136,6 +136,7 @@ def _save(model: nn.Module, path: Path, key: dict) -> None:
     others = sorted((p for p in path.parent.glob("*.pt") if p != path), key=lambda p: p.stat().st_mtime, reverse=True)
     for old in others[KEEP - 1:]:  # the newest others stay: checkouts of other sources sharing one cache
         old.unlink(missing_ok=True)
+        forget(old)
 
 
 def built_model(folder, weights: str, options: dict, build: Callable[[], nn.Module]) -> nn.Module:

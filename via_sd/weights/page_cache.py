@@ -9,8 +9,10 @@ is cached, and every later mapping of it gets 4 KB pages. Measured on the embedd
 `read_in_large_pages` reads the file through a mapping that asks for 2 MB pages (MADV_HUGEPAGE, so its faults read
 2 MB folios; MADV_POPULATE_READ faults it in), then counts what the mapping got (its FilePmdMapped in
 /proc/self/smaps). Where the cache held the file in small folios, those are dropped (POSIX_FADV_DONTNEED: pages
-another process maps stay) and read again. Elsewhere than Linux, or where the kernel lacks these advices, the file
-is only read ahead.
+another process maps stay) and read again, once: where that read too leaves it small (transparent huge pages off, a
+filesystem without large folios), a note beside the file (`<file>.small-pages`) says so, and later loads keep the
+cache as it is rather than read the file again at every start. Elsewhere than Linux, or where the kernel lacks
+these advices, the file is only read ahead.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 LARGE = 2 << 20
 MADV_POPULATE_READ = 22  # Linux 5.14; Python's mmap module names it from 3.13 on
 HELD_LARGE = 0.9  # below this share of the file PMD-mapped, the cache holds it in small folios
+THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
 def read_in_large_pages(path: Path) -> None:
@@ -38,13 +41,37 @@ def read_in_large_pages(path: Path) -> None:
         share = _populate(fd, size)
         if share is None:
             _read_ahead(fd)
-        elif share < HELD_LARGE:
+        elif share < HELD_LARGE and _may_read_again(path):
+            os.fdatasync(fd)  # a file just written: its dirty pages are not dropped until they are on disk
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            again = _populate(fd, size)
+            again = _populate(fd, size) or 0.0
             log.info("%s was cached in small pages (%.0f%% in 2 MB pages): read again, %.0f%%", path.name,
-                     100 * share, 100 * (again or 0))
+                     100 * share, 100 * again)
+            if again < HELD_LARGE:
+                _note(path).touch()
+    except OSError as err:  # a read-only cache (no note), a file gone meanwhile: the load goes on as it is
+        log.debug("page cache advice for %s: %s", path, err)
     finally:
         os.close(fd)
+
+
+def forget(path: Path) -> None:
+    """Removes the note `read_in_large_pages` may have left beside `path` (the file itself is going)."""
+    _note(path).unlink(missing_ok=True)
+
+
+def _note(path: Path) -> Path:
+    return path.with_name(path.name + ".small-pages")
+
+
+def _may_read_again(path: Path) -> bool:
+    """Could reading the file again give it 2 MB pages: transparent huge pages not off, and no earlier read again of
+    this file left it small."""
+    try:
+        thp = THP_SETTING.read_text()
+    except OSError:
+        return False
+    return "[never]" not in thp and not _note(path).exists()
 
 
 def _populate(fd: int, size: int) -> float | None:
