@@ -195,13 +195,16 @@ def test_a_run_during_the_background_load_waits_with_progress(monkeypatch):
     def slow_load(preset, progress=None, **kw):
         for k in range(1, 5):
             progress(f"step {k} of 4", k / 5)
-            gate.wait(0.3)
+            gate.wait(60) if k == 2 else time.sleep(0.3)  # held at step 2 until the status has been read
         return real(preset, progress=progress, **kw)
 
     monkeypatch.setattr(studio.models, "load_pair", slow_load)
     MODELS.preload("random")
-    time.sleep(0.5)
+    deadline = time.time() + 60  # a busy machine may start the load's thread late
+    while '<progress value="0.' not in MODELS.status("random") and time.time() < deadline:
+        time.sleep(0.02)
     assert '<progress value="0.' in MODELS.status("random") and "step" in MODELS.status("random")
+    threading.Timer(0.5, gate.set).start()  # the load goes on while the run below waits for it
     seen = []
     pair = MODELS.wait("random", progress=lambda f, desc="": seen.append((f, desc)))
     assert pair is MODELS.loaded("random")
