@@ -11,6 +11,13 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+if "GRADIO_TEMP_DIR" not in os.environ:
+    # Gradio's file cache for this session (before gradio is imported: some of its modules read it once): the
+    # servers tests run keep the files they serve there, removed with the session. In /tmp/gradio they outlived
+    # it, ~10 MB a suite (the app's own hourly clean-up reaches only a running process's files).
+    _gradio_temp = tempfile.mkdtemp(prefix="via-sd-gradio-")
+    atexit.register(shutil.rmtree, _gradio_temp, ignore_errors=True)
+    os.environ["GRADIO_TEMP_DIR"] = _gradio_temp
 
 
 def _session_cache() -> Path:
