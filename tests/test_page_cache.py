@@ -10,7 +10,7 @@ import pytest
 from via_sd.weights import page_cache
 from via_sd.weights.page_cache import HELD_LARGE, read_in_large_pages
 
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+THP = page_cache.THP_SETTING
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux") or not THP.exists() or "[never]" in
                                 THP.read_text(), reason="2 MB pages of a file: Linux with transparent huge pages")
 
