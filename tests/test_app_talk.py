@@ -195,7 +195,10 @@ def test_a_run_during_the_background_load_waits_with_progress(monkeypatch):
     def slow_load(preset, progress=None, **kw):
         for k in range(1, 5):
             progress(f"step {k} of 4", k / 5)
-            gate.wait(60) if k == 2 else time.sleep(0.3)  # held at step 2 until the status has been read
+            if k == 2:
+                gate.wait(60)  # held here until the test has read the status
+            else:
+                time.sleep(0.3)
         return real(preset, progress=progress, **kw)
 
     monkeypatch.setattr(studio.models, "load_pair", slow_load)
