@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -34,11 +33,10 @@ GAMMA = 5  # fixed: gamma="auto" sizes rounds from this machine's measured costs
 def machine() -> dict:
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
-        else platform.processor()
+    from via_sd.machine import cpu_name
+
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return {"cpu": cpu, "torch": torch.__version__, "commit": commit.stdout.strip() or None,
+    return {"cpu": cpu_name(), "torch": torch.__version__, "commit": commit.stdout.strip() or None,
             "date": datetime.date.today().isoformat()}
 
 

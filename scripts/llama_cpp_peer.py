@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
 from via_sd.weights.embedded import embedded_gguf_paths  # noqa: E402
 from via_sd.bench.inputs import load_prompts  # noqa: E402
+from via_sd.machine import cpu_name  # noqa: E402
 
 
 def run_llama_bench(binary: str, gguf: Path, threads: int, args: list[str], hint: str = "") -> list[dict]:
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
 def report(samples: list[dict], pair, threads: int, args) -> None:
     med = lambda key: statistics.median(s[key] for s in samples)  # noqa: E731
     paired = lambda a, b: statistics.median(s[a] / s[b] for s in samples)  # noqa: E731
-    print(f"\n{cpu()}; {threads} threads; {len(samples)} paired samples ({args.rounds} rounds x {args.limit} prompts)")
+    print(f"\n{cpu_name()}; {threads} threads; {len(samples)} paired samples ({args.rounds} rounds x {args.limit} prompts)")
     print(f"ours: {pair.describe()['kernels']}\n")
     print("| probe | llama.cpp tokens/s | ours tokens/s | ours / llama.cpp (paired median) |\n|---|---|---|---|")
     print(f"| decode, {args.tokens} tokens (tg{args.tokens}; ours AR from round 1) | {med('llama tg'):.1f} | "
@@ -169,14 +170,6 @@ def report(samples: list[dict], pair, threads: int, args) -> None:
         print(f"\nour SD, whole {args.tokens}-token runs: {med('ours sd'):.1f} tokens/s, **{paired('ours sd', 'ours ar whole'):.2f}x "
               f"our AR** (whole runs, paired; AR whole {med('ours ar whole'):.1f}), "
               f"{paired('ours sd', 'llama tg'):.2f}x llama.cpp tg{args.tokens}; output equal to AR in {same:.0%}")
-
-
-def cpu() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return "unknown CPU"
 
 
 if __name__ == "__main__":

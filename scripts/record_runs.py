@@ -15,26 +15,17 @@ import datetime
 import gzip
 import json
 import os
-import platform
 import time
 from pathlib import Path
 
 from via_sd import DecodeConfig, load_pair, generate
 from via_sd.bench.fidelity import measure_fidelities
+from via_sd.machine import cpu_name
 
 PROMPTS = {  # short, so the traces stay a few KB; the first is the one the page opens on
     "palindrome": "Write a Python function that checks whether a string is a palindrome.",
 }
 METHODS = ("via", "sd", "ar")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
-                        platform.processor())
-    except OSError:
-        return platform.processor() or platform.machine()
 
 
 def rounded(value, digits: int = 4):

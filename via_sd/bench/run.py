@@ -10,6 +10,7 @@ from dataclasses import replace
 import torch
 
 from ..core.decoding import Clock, DecodeConfig, generate
+from ..machine import cpu_name
 from .fidelity import score_output
 from .calls import trace_record
 from .drafter_methods import DRAFTER_METHODS, run_drafter_method
@@ -21,20 +22,10 @@ from .metrics import run_key, summarize_bench
 
 
 
-def cpu_model() -> str:
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return cpu
-
-
 def machine_info(pair) -> dict:
     import transformers
 
-    info = {"platform": platform.platform(), "cpu": cpu_model(), "cpu_count": os.cpu_count(),
+    info = {"platform": platform.platform(), "cpu": cpu_name(), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "python": platform.python_version(),
             "torch": torch.__version__, "transformers": transformers.__version__,
             "device": str(pair.slim.device), "dtype": str(pair.dtype).replace("torch.", ""),

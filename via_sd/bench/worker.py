@@ -10,7 +10,8 @@ import torch
 
 from ..core.pair import load_pair
 from .fidelity import score_output
-from .run import cpu_model, machine_info, run_once, warm_up
+from ..machine import cpu_name
+from .run import machine_info, run_once, warm_up
 from .sweep import _point_meta, run_label, warm_up_sweep
 
 
@@ -49,7 +50,7 @@ class PairWorker:
         device = self.pair.slim.device
         self.memory_mb = (torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda"
                           else max(_peak_rss_mb() - before, _rss_mb() - before))
-        self.machine = {"host": socket.gethostname(), "cpu": cpu_model(), "kernel": self.pair.kernels(),
+        self.machine = {"host": socket.gethostname(), "cpu": cpu_name(), "kernel": self.pair.kernels(),
                         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None}
 
     def set_threads(self, threads: int) -> int:

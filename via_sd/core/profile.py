@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import platform
 import statistics
 import threading
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 from .cached import Clock, drafter_cache, model_cache
 from ..cost.model import MAX_ROWS, PROMPT_LENGTHS, CostProfile
 from ..cost.refine import Evidence, keep_honest
+from ..machine import cpu_name
 from ..weights.paths import cache_root
 from .progressive import ProgressiveVerifier
 
@@ -64,14 +64,7 @@ def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_name()
 
 
 def build_of(model) -> str:

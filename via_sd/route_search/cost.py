@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from datetime import datetime, timezone
-from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from ..core.routing import Route, SlimVerifier, resolve_route
+from ..machine import cpu_name
 from .cache import model_identity
 from .sublayers import skip_set, weight_share
 from .teacher import TeacherForced
@@ -21,15 +20,7 @@ def device_name(device) -> str:
     device = torch.device(device)
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"cpu ({cpu}, {torch.get_num_threads()} threads)"
+    return f"cpu ({cpu_name()}, {torch.get_num_threads()} threads)"
 
 
 def clock(device) -> float:
