@@ -41,6 +41,7 @@ from via_sd.core.cached import CachedModel, model_cache  # noqa: E402
 from via_sd.weights import lowbit_kernel  # noqa: E402
 from via_sd.weights.heads import RescoredHead  # noqa: E402
 from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear, kernel_rule  # noqa: E402
+from via_sd.machine import cpu_name  # noqa: E402
 
 
 def best_of(fn, repeats: int = 5) -> float:
@@ -321,8 +322,8 @@ def main(argv=None) -> int:
                     help="also time steps through transformers' forward, alternating with the lean forward's")
     args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
-    print(f"CPU capability {torch.backends.cpu.get_cpu_capability()}, {torch.get_num_threads()} threads, "
-          f"torch {torch.__version__}\n")
+    print(f"{cpu_name()}; ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}\n")
     probe = ReadProbe(args.bandwidth_mib << 20)
     table, bandwidth, peak = roofline(probe)
     print("\n".join(table) + "\n")

@@ -5,6 +5,7 @@ cannot run."""
 import pytest
 import torch
 
+from via_sd.machine import cpu_name
 from via_sd.weights import lowbit_kernel
 from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear
 
@@ -122,6 +123,7 @@ def test_the_breakdown_script_prints_the_roofline_the_parts_and_both_kernels_cur
     assert "64x96 int4" in out and "| 3 | " in out
     assert "| **one step** |" in out and "| 3 |" in out and "via_sd q8-activation" in out
     assert "of bandwidth: of the read probe's median, " in out and "over 6 reads before, between and after 5 blocks" in out
+    assert out.startswith(f"{cpu_name()}; ATen CPU capability ")  # which machine the figures are of
 
 
 def test_the_bandwidth_probe_reads_every_byte_of_every_threads_share():
