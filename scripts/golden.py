@@ -33,7 +33,7 @@ GAMMA = 5  # fixed: gamma="auto" sizes rounds from this machine's measured costs
 def machine() -> dict:
     import torch
 
-    from via_sd.machine import cpu_name
+    from via_sd.weights.machine import cpu_name
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     return {"cpu": cpu_name(), "torch": torch.__version__, "commit": commit.stdout.strip() or None,

@@ -41,7 +41,7 @@ from via_sd.core.cached import CachedModel, model_cache  # noqa: E402
 from via_sd.weights import lowbit_kernel  # noqa: E402
 from via_sd.weights.heads import RescoredHead  # noqa: E402
 from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear, kernel_rule  # noqa: E402
-from via_sd.machine import cpu_name  # noqa: E402
+from via_sd.weights.machine import cpu_name  # noqa: E402
 
 
 def best_of(fn, repeats: int = 5) -> float:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from via_sd import DecodeConfig, generate, load_pair  # noqa: E402
 from via_sd.weights.embedded import embedded_gguf_paths  # noqa: E402
 from via_sd.bench.inputs import load_prompts  # noqa: E402
-from via_sd.machine import cpu_name  # noqa: E402
+from via_sd.weights.machine import cpu_name  # noqa: E402
 
 
 def run_llama_bench(binary: str, gguf: Path, threads: int, args: list[str], hint: str = "") -> list[dict]:

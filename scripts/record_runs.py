@@ -20,7 +20,7 @@ from pathlib import Path
 
 from via_sd import DecodeConfig, load_pair, generate
 from via_sd.bench.fidelity import measure_fidelities
-from via_sd.machine import cpu_name
+from via_sd.weights.machine import cpu_name
 
 PROMPTS = {  # short, so the traces stay a few KB; the first is the one the page opens on
     "palindrome": "Write a Python function that checks whether a string is a palindrome.",

@@ -5,7 +5,7 @@ cannot run."""
 import pytest
 import torch
 
-from via_sd.machine import cpu_name
+from via_sd.weights.machine import cpu_name
 from via_sd.weights import lowbit_kernel
 from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear
 

@@ -1,7 +1,7 @@
-"""The CPU's name in reports and cache keys tells apart machines whose model name is the same (via_sd/machine.py)."""
+"""The CPU's name in reports and cache keys tells apart machines whose model name is the same (via_sd/weights/machine.py)."""
 
 from via_sd.core.profile import profile_key
-from via_sd.machine import cpu_name, describe_cpu
+from via_sd.weights.machine import cpu_name, describe_cpu
 
 
 def cpuinfo(vendor: str, family: int, model: int, name: str) -> str:

@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 
 from ..core.decoding import Clock, DecodeConfig, generate
-from ..machine import cpu_name
+from ..weights.machine import cpu_name
 from .fidelity import score_output
 from .calls import trace_record
 from .drafter_methods import DRAFTER_METHODS, run_drafter_method

@@ -10,7 +10,7 @@ import torch
 
 from ..core.pair import load_pair
 from .fidelity import score_output
-from ..machine import cpu_name
+from ..weights.machine import cpu_name
 from .run import machine_info, run_once, warm_up
 from .sweep import _point_meta, run_label, warm_up_sweep
 

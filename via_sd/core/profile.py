@@ -37,7 +37,7 @@ import torch
 from .cached import Clock, drafter_cache, model_cache
 from ..cost.model import MAX_ROWS, PROMPT_LENGTHS, CostProfile
 from ..cost.refine import Evidence, keep_honest
-from ..machine import cpu_name
+from ..weights.machine import cpu_name
 from ..weights.paths import cache_root
 from .progressive import ProgressiveVerifier
 

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 
 from ..core.routing import Route, SlimVerifier, resolve_route
-from ..machine import cpu_name
+from ..weights.machine import cpu_name
 from .cache import model_identity
 from .sublayers import skip_set, weight_share
 from .teacher import TeacherForced
