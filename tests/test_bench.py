@@ -239,6 +239,33 @@ def test_call_lengths_recorded_in_a_trace_are_what_the_models_were_fed(pair):
             h.remove()
 
 
+def test_per_call_costs_leave_the_prompt_reads_out_and_report_them_once_a_run(pair):
+    """SD's drafter reads its prompt with its first call, in the round of its first drafts (with gamma="auto" round
+    1, after the round that read the verifier's): its ms a call are its steps, from each call's own clock, and the
+    prompt read is a cost of its own."""
+    from via_sd.bench.calls import call_costs
+
+    trace = generate(pair, PROMPTS[1]["prompt"], "sd", CFG)
+    drafter = [(r["round"], c) for r in trace.rounds for c in r["calls"] if c["model"] == "drafter"]
+    reads = [c for k, c in drafter if c["prompt"]]
+    assert len(reads) == 1 and reads[0]["rows"] > 1 and drafter[0][1] is reads[0]  # its first call
+    costs = call_costs(trace)
+    assert costs["steady"]["calls"]["drafter"] == len(drafter) - 1
+    assert costs["steady"]["ms"]["drafter"] == pytest.approx(sum(c["ms"] for _, c in drafter[1:]))
+    assert costs["prompt_reads"]["ms"]["drafter"] == reads[0]["ms"] > 0
+    assert costs["prompt_reads"]["fed"]["drafter"] == reads[0]["rows"] and costs["prompt_reads"]["fed"]["full"] > 0
+
+    result = bench.run_bench(pair, PROMPTS, methods=["ar", "sd"], config=CFG, repeats=1)
+    sd = [r for r in result["runs"] if r["method"] == "sd"]
+    steps = sum(r["steady"]["ms"]["drafter"] for r in sd) / sum(r["steady"]["calls"]["drafter"] for r in sd)
+    analysis = result["analysis"]["costs"]
+    assert analysis["drafter_ms_per_call"] == pytest.approx(steps)
+    assert analysis["drafter_prompt_ms_per_run"] == pytest.approx(
+        statistics.mean(r["prompt_reads"]["ms"]["drafter"] for r in sd))
+    assert result["summary"]["ar"]["all"]["prompt_ms_per_run"]["drafter"] is None  # AR's drafter reads nothing
+    assert "- prompt reads, once a run: SD's drafter " in bench.markdown(result)
+
+
 def test_projection_prices_each_recorded_forward_call(result):
     costs = {"lengths": [1, 5], "ms": {"drafter": [1.0, 2.0], "full": [10.0, 12.0], "slim": {"r": [5.0, 6.0]}},
              "routes": {"r": ["attn.1", "mlp.2"]}, "device_name": "test", "pair": "tiny", "dtype": "float32"}

@@ -24,6 +24,28 @@ def call_lengths(trace) -> dict[str, list[int]]:
     return out
 
 
+def call_costs(trace) -> dict:
+    """Each model's forward calls apart from its prompt reads ("steady": ms, calls, tokens fed; what a call costs
+    while decoding) and its prompt reads ("prompt_reads": ms, tokens fed; what a run pays once). From each call's
+    own clock where the trace has it: a drafter reads its prompt in SD's round 1, beside its first drafts. A trace
+    without them gives the rounds after the first (whose first calls read the prompt) and no prompt reads."""
+    rounds = [(r["round"], c) for r in trace.rounds for c in r["calls"]]
+    if all("ms" in c for _, c in rounds):
+        def of(m: str, prompt: bool) -> list[dict]:
+            return [c for _, c in rounds if c["model"] == m and bool(c.get("prompt")) == prompt]
+        steady = {"ms": {m: sum(c["ms"] for c in of(m, False)) for m in MODELS},
+                  "calls": {m: len(of(m, False)) for m in MODELS},
+                  "fed": {m: sum(c["rows"] for c in of(m, False)) for m in MODELS}}
+        reads = {"ms": {m: sum(c["ms"] for c in of(m, True)) for m in MODELS},
+                 "fed": {m: sum(c["rows"] for c in of(m, True)) for m in MODELS}}
+        return {"steady": steady, "prompt_reads": reads}
+    later = [r for r in trace.rounds if r["round"] > 0]
+    steady = {"ms": {m: sum(r[f"{p}_ms"] for r in later) for m, p in zip(MODELS, ("draft", "slim", "full"))},
+              "calls": {m: sum(1 for k, c in rounds if c["model"] == m and k > 0) for m in MODELS},
+              "fed": {m: sum(c["rows"] for k, c in rounds if c["model"] == m and k > 0) for m in MODELS}}
+    return {"steady": steady, "prompt_reads": None}
+
+
 def trace_record(trace, wall_ms: float) -> dict:
     s = trace.summary
     gamma = max([r.get("gamma") or 0 for r in trace.rounds] + [len(r["candidates"]) for r in trace.rounds] + [1])
@@ -37,8 +59,6 @@ def trace_record(trace, wall_ms: float) -> dict:
     phase.update({p: sum(r[f"{p}_ms"] for r in trace.rounds) for p in ("draft", "slim", "full")})
     phase["other"] = max(wall_ms - sum(phase.values()), 0.0)  # loop overhead, prompt encoding, text
     calls = forward_calls(trace)
-    # per-call costs leave out prefill and round 0, whose first calls also read the prompt
-    later = [r for r in trace.rounds if r["round"] > 0]
     n = s["new_tokens"]
     return {
         "tokens_per_s": 1000.0 * n / wall_ms if wall_ms > 0 else 0.0,
@@ -52,9 +72,7 @@ def trace_record(trace, wall_ms: float) -> dict:
         "tier_counts": dict(s["tier_counts"]), "drafter_calls": sum(drafted), "slim_calls": s.get("slim_calls", 0),
         "full_calls": s["full_calls"], "phase_ms": phase,
         "call_lengths": {m: [c for model, _, c in calls if model == m] for m in MODELS},
-        "steady": {"ms": {m: sum(r[f"{p}_ms"] for r in later) for m, p in zip(MODELS, ("draft", "slim", "full"))},
-                   "calls": {m: sum(1 for model, k, _ in calls if model == m and k > 0) for m in MODELS},
-                   "fed": {m: sum(c for model, k, c in calls if model == m and k > 0) for m in MODELS}},
+        **call_costs(trace),
         "route": trace.models.get("route"), "skipped": list(trace.models.get("skipped") or []),
         "thresholds": trace.config["thresholds"] if trace.method == "via" else None,
     }

@@ -83,7 +83,8 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
         out.update({k: None for k in ("mean_accepted_length", "rejection_rate", "verified_rejection_rate",
                                       "unverified_share", "acceptance_by_position",
                                       "tier_shares", "slim_calls_per_token", "phase_shares", "ms_per_call",
-                                      "tokens_per_call", "ms_per_token")})
+                                      "tokens_per_call", "ms_per_token", "prompt_ms_per_run",
+                                      "prompt_tokens_per_run")})
         return out
     gamma = max(len(r["drafted_by_position"]) for r in traced)
     drafted = [sum(r["drafted_by_position"][k] for r in traced if k < len(r["drafted_by_position"]))
@@ -109,8 +110,20 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
         # rounds after the first only: round 0's first calls also read the prompt
         "ms_per_call": {m: steady["ms"][m] / c if c else None for m, c in steady["calls"].items()},
         "tokens_per_call": {m: steady["fed"][m] / c if c else None for m, c in steady["calls"].items()},
+        "prompt_ms_per_run": _prompt_reads(traced, "ms"),
+        "prompt_tokens_per_run": _prompt_reads(traced, "fed"),
     })
     return out
+
+
+def _prompt_reads(runs: list[dict], key: str) -> dict | None:
+    """Each model's prompt reads per run (ms or tokens fed: the mean over the runs); None for results written before
+    runs recorded them, and for a model that read no prompt (AR's drafter)."""
+    reads = [r.get("prompt_reads") for r in runs]
+    if not reads or any(x is None for x in reads):
+        return None
+    return {m: sum(x[key][m] for x in reads) / len(reads) if any(x["fed"][m] for x in reads) else None
+            for m in MODELS}
 
 
 def _steady(run: dict) -> dict:
@@ -197,6 +210,10 @@ def analysis(result: dict) -> dict:
         "slim_tokens_per_call_via": get("via", "tokens_per_call", "slim"),
         "full_ms_per_call_via": get("via", "ms_per_call", "full"),
         "full_tokens_per_call_via": get("via", "tokens_per_call", "full"),
+        # what a run pays once: SD's drafter reads the prompt too (AR's verifier's read is SD's as well)
+        "drafter_prompt_ms_per_run": get("sd", "prompt_ms_per_run", "drafter"),
+        "drafter_prompt_tokens_per_run": get("sd", "prompt_tokens_per_run", "drafter"),
+        "full_prompt_ms_per_run_ar": get("ar", "prompt_ms_per_run", "full"),
     }
     div = lambda a, b: a / b if a is not None and b else None  # noqa: E731
     costs["ratio_drafter_to_full_ar"] = div(costs["drafter_ms_per_call"], costs["full_ms_per_call_ar"])

@@ -168,6 +168,10 @@ def _time_md(result: dict) -> list[str]:
             f"- ratios: drafter / full(1 token) = {_f(c['ratio_drafter_to_full_ar'])}, "
             f"full(verify) / full(1 token) = {_f(c['ratio_full_sd_to_full_ar'])}, "
             f"slim / full(verify) = {_f(c['ratio_slim_to_full_sd'])}."]
+    if c.get("drafter_prompt_ms_per_run") is not None:  # (ms/call above leave the prompt reads out)
+        out.append(f"- prompt reads, once a run: SD's drafter {c['drafter_prompt_ms_per_run']:.0f} ms "
+                   f"({c['drafter_prompt_tokens_per_run']:.0f} tokens), which AR does not pay; the full verifier's "
+                   f"{_f(c.get('full_prompt_ms_per_run_ar'), '{:.0f}')} ms, which both pay.")
     g = a.get("via_gap")
     if g:
         out.append(f"- VIA-SD {g['ms_per_token_via']:.0f} ms/token vs SD {g['ms_per_token_sd']:.0f}; full calls per "
