@@ -15,7 +15,6 @@ import importlib
 import json
 import os
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from via_sd import DecodeConfig, ModelLoadError, Route, Thresholds, Trace, generate, load_pair, tiny_random_pair
+from via_sd import DecodeConfig, ModelLoadError, Thresholds, Trace, generate, load_pair, tiny_random_pair
 from via_sd.core.pair import char_tokenizer
 from via_sd.core.routing import resolve_route
 from via_sd.core.shared_vocab import load_tokenizer, tokenizer_difference
