@@ -107,7 +107,7 @@ def metrics(group: list[dict], context: list[dict], label: str = "method", ar: s
         "slim_calls_per_token": calls["slim"] / tokens if tokens else None,
         "phase_shares": {p: v / wall if wall else None for p, v in phase.items()},
         "ms_per_token": {p: v / tokens if tokens else None for p, v in phase.items()},
-        # rounds after the first only: round 0's first calls also read the prompt
+        # the calls that read no prompt (calls.call_costs): a prompt read is a cost a run pays once
         "ms_per_call": {m: steady["ms"][m] / c if c else None for m, c in steady["calls"].items()},
         "tokens_per_call": {m: steady["fed"][m] / c if c else None for m, c in steady["calls"].items()},
         "prompt_ms_per_run": _prompt_reads(traced, "ms"),
