@@ -9,6 +9,7 @@ model too, and for AMD the core generation they stand for.
 from __future__ import annotations
 
 import platform
+from functools import cache
 from pathlib import Path
 
 # AMD's x86 families by core generation; family 25 holds Zen 3 and Zen 4, told apart by model
@@ -47,8 +48,10 @@ def describe_cpu(cpuinfo: str) -> str | None:
     return f"{name} ({core + '; ' if core else ''}family {family}, model {model})"
 
 
+@cache
 def cpu_name() -> str:
-    """This machine's CPU (describe_cpu), or what the platform module knows where there is no /proc/cpuinfo."""
+    """This machine's CPU (describe_cpu), or what the platform module knows where there is no /proc/cpuinfo. Read
+    once a process: the profile's key asks for it at every run, and /proc/cpuinfo is made anew for every core."""
     try:
         described = describe_cpu(Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace"))
     except OSError:
