@@ -5,9 +5,9 @@ cannot run."""
 import pytest
 import torch
 
-from via_sd.weights.machine import cpu_name
 from via_sd.weights import lowbit_kernel
 from via_sd.weights.linears import Int4Linear, Int6Linear, Int8Linear
+from via_sd.weights.machine import cpu_name
 
 pytestmark = pytest.mark.skipif(not lowbit_kernel.available(), reason=f"kernel not built: {lowbit_kernel.why_not()}")
 

@@ -26,19 +26,17 @@ def call_lengths(trace) -> dict[str, list[int]]:
 
 def call_costs(trace) -> dict:
     """Each model's forward calls apart from its prompt reads ("steady": ms, calls, tokens fed; what a call costs
-    while decoding) and its prompt reads ("prompt_reads": ms, tokens fed; what a run pays once). From each call's
+    while decoding) and its prompt reads ("prompt_reads": the same; what a run pays once). From each call's
     own clock where the trace has it: a drafter reads its prompt in SD's round 1, beside its first drafts. A trace
     without them gives the rounds after the first (whose first calls read the prompt) and no prompt reads."""
     rounds = [(r["round"], c) for r in trace.rounds for c in r["calls"]]
     if all("ms" in c for _, c in rounds):
-        def of(m: str, prompt: bool) -> list[dict]:
-            return [c for _, c in rounds if c["model"] == m and bool(c.get("prompt")) == prompt]
-        steady = {"ms": {m: sum(c["ms"] for c in of(m, False)) for m in MODELS},
-                  "calls": {m: len(of(m, False)) for m in MODELS},
-                  "fed": {m: sum(c["rows"] for c in of(m, False)) for m in MODELS}}
-        reads = {"ms": {m: sum(c["ms"] for c in of(m, True)) for m in MODELS},
-                 "fed": {m: sum(c["rows"] for c in of(m, True)) for m in MODELS}}
-        return {"steady": steady, "prompt_reads": reads}
+        def tally(prompt: bool) -> dict:
+            by = {m: [c for _, c in rounds if c["model"] == m and bool(c.get("prompt")) == prompt] for m in MODELS}
+            return {"ms": {m: sum(c["ms"] for c in cs) for m, cs in by.items()},
+                    "calls": {m: len(cs) for m, cs in by.items()},
+                    "fed": {m: sum(c["rows"] for c in cs) for m, cs in by.items()}}
+        return {"steady": tally(False), "prompt_reads": tally(True)}
     later = [r for r in trace.rounds if r["round"] > 0]
     steady = {"ms": {m: sum(r[f"{p}_ms"] for r in later) for m, p in zip(MODELS, ("draft", "slim", "full"))},
               "calls": {m: sum(1 for k, c in rounds if c["model"] == m and k > 0) for m in MODELS},
